@@ -1,0 +1,342 @@
+"""Records <-> Arrow: decode framed Example / SequenceExample records into Arrow columns, and back.
+
+The work happens in the native core, one call per chunk of records, without a Python object per
+record or per value. Types:
+
+=====================  =====================================================================
+TFRecord               Arrow
+=====================  =====================================================================
+``int64_list``         ``int64`` (scalar), ``list<int64>``, ``fixed_size_list<int64>[n]``
+``float_list``         ``float32`` (scalar), ``list<float32>``, ``fixed_size_list<float32>[n]``
+``bytes_list``         ``binary`` (``string`` when the schema says so), lists of them
+``feature_lists``      ``list<list<T>>`` (SequenceExample only)
+Feature with no kind   ``list<null>`` (only ever empty)
+=====================  =====================================================================
+
+A feature missing from a record decodes to null; present but empty, to an empty list. Other
+integer / float widths in a read schema are cast from int64 / float32 with overflow checks.
+
+Example::
+
+    import pyarrow as pa
+    from ray_tfrecord import codec
+    from ray_tfrecord.framing import iter_chunks
+    import io
+
+    batch = pa.record_batch({"id": pa.array([1, 2]), "tags": pa.array([["a"], []], pa.list_(pa.binary()))})
+    enc = codec.encode(batch)
+    (chunk,) = iter_chunks(io.BytesIO(bytes(enc.data)), path="<memory>")
+    assert codec.decode(chunk, batch.schema).equals(batch)
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import _native
+from .errors import DecodeError, SchemaError, TFRecordError
+from .framing import RecordChunk
+
+RecordType = Literal["Example", "SequenceExample", "ByteArray"]
+
+#: The schema of ``record_type="ByteArray"``: each record's raw payload.
+BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
+
+_RTYPES = {"Example": 0, "SequenceExample": 1, "ByteArray": 2}
+_BYTES, _FLOAT, _INT64, _NULL = 0, 1, 2, 3
+_SCALAR, _LIST, _FIXED, _SEQ = 0, 1, 2, 3
+_KIND_NAMES = {_BYTES: "bytes_list", _FLOAT: "float_list", _INT64: "int64_list", _NULL: "no kind"}
+_NATIVE_LEAF = {_BYTES: pa.binary(), _FLOAT: pa.float32(), _INT64: pa.int64(), _NULL: pa.null()}
+
+
+class EncodedRecords(NamedTuple):
+    """Framed records ready to write, and where each one starts in ``data`` (for an index)."""
+
+    data: memoryview
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def record_type_code(record_type: str) -> int:
+    try:
+        return _RTYPES[record_type]
+    except KeyError:
+        raise ValueError(f"record_type must be one of {sorted(_RTYPES)}, not {record_type!r}") from None
+
+
+def _leaf_kind(t: pa.DataType) -> int | None:
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return _INT64
+    if pa.types.is_floating(t):
+        return _FLOAT
+    if (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t)):
+        return _BYTES
+    if pa.types.is_null(t):
+        return _NULL
+    return None
+
+
+def _is_var_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _column_spec(field: pa.Field, record_type: str) -> tuple[int, int, int]:
+    """(kind, shape, fixed length) of a column, or SchemaError naming the column and type."""
+    t = field.type
+    shape, n = _SCALAR, 0
+    if _is_var_list(t) and _is_var_list(t.value_type):
+        if record_type != "SequenceExample":
+            raise SchemaError(f"type {t} is a SequenceExample feature_list; use record_type='SequenceExample'",
+                              column=field.name)
+        shape, t = _SEQ, t.value_type.value_type
+    elif _is_var_list(t):
+        shape, t = _LIST, t.value_type
+    elif pa.types.is_fixed_size_list(t):
+        shape, n, t = _FIXED, t.list_size, t.value_type
+    kind = _leaf_kind(t)
+    if kind is None or (kind == _NULL and shape in (_SCALAR, _FIXED)):
+        raise SchemaError(f"type {field.type} has no TFRecord representation "
+                          "(int/bool/float/string/binary scalars and lists of them only)", column=field.name)
+    return kind, shape, n
+
+
+def _native_type(kind: int, shape: int, n: int) -> pa.DataType:
+    leaf = _NATIVE_LEAF[kind]
+    if shape == _SCALAR:
+        return leaf
+    if shape == _FIXED:
+        return pa.list_(leaf, n)
+    if shape == _LIST:
+        return pa.list_(leaf)
+    return pa.list_(pa.list_(leaf))
+
+
+# ------------------------------------------------------------------------------------------------
+# decode
+
+
+def _buf(b) -> pa.Buffer | None:
+    return None if b is None else pa.py_buffer(b)
+
+
+def _build(kind: int, shape: int, n: int, res: tuple, nrows: int) -> pa.Array:
+    valid, nulls, rowoff, inner, vals, data, nvals, ninner = res
+    vbuf = _buf(valid)
+    leaf_type = _NATIVE_LEAF[kind]
+    if kind == _NULL:
+        leaf = pa.nulls(nvals)
+    elif kind == _BYTES:
+        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(vals), _buf(data) or pa.py_buffer(b"")])
+    else:
+        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(vals)])
+    if shape == _SCALAR:
+        return pa.Array.from_buffers(leaf_type, nrows, [vbuf, *leaf.buffers()[1:]], null_count=nulls)
+    if shape == _FIXED:
+        return pa.Array.from_buffers(pa.list_(leaf_type, n), nrows, [vbuf], null_count=nulls, children=[leaf])
+    if shape == _LIST:
+        return pa.Array.from_buffers(pa.list_(leaf_type), nrows, [vbuf, _buf(rowoff)], null_count=nulls,
+                                     children=[leaf])
+    steps = pa.Array.from_buffers(pa.list_(leaf_type), ninner, [None, _buf(inner)], null_count=0, children=[leaf])
+    return pa.Array.from_buffers(pa.list_(pa.list_(leaf_type)), nrows, [vbuf, _buf(rowoff)], null_count=nulls,
+                                 children=[steps])
+
+
+def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFRecordError:
+    code, record, column, where, a, b, what = e.args
+    name = column.decode("utf-8", "replace") if column is not None else None
+    offset = chunk.offset(record) if record >= 0 else None
+    stream = " in the decompressed stream" if chunk.compressed else ""
+    if code == 1:
+        msg = f"malformed record{stream}: {what} (at byte {where} of the record)"
+    elif code == 2:
+        msg = f"feature is {_KIND_NAMES[a]} but the schema says {_KIND_NAMES[b]} ({specs.get(name, '?')})"
+    elif code == 3:
+        shape = "a scalar column" if b == 1 and specs.get(name) is not None and not pa.types.is_fixed_size_list(
+            specs[name]) else f"a {specs.get(name, 'fixed-size')} column"
+        msg = f"{shape} needs exactly {b} value{'s' if b != 1 else ''} but the record{stream} holds {a}"
+    elif code == 4:
+        msg = f"{what}; read smaller chunks"
+    else:
+        msg = what
+    return DecodeError(msg, path=chunk.path, offset=offset, column=name)
+
+
+def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
+    if arr.type == field.type:
+        return arr
+    try:
+        return arr.cast(field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        row = _first_bad_row(arr, field.type)
+        offset = chunk.offset(row) if row is not None else None
+        raise DecodeError(f"cannot convert {arr.type} to {field.type}: {e}", path=chunk.path, offset=offset,
+                          column=field.name) from None
+
+
+def _first_bad_row(arr: pa.Array, t: pa.DataType) -> int | None:
+    for i in range(len(arr)):  # error path only: find the row to name in the message
+        try:
+            arr.slice(i, 1).cast(t, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return i
+    return None
+
+
+def _empty_batch(nrows: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_struct_array(pa.array([{}] * nrows, type=pa.struct([])))
+
+
+def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Example") -> pa.RecordBatch:
+    """Decode the records of ``chunk`` into a record batch with exactly ``schema``'s columns.
+
+    Raises :class:`DecodeError` naming the file, the record's offset and the column when a record
+    is malformed or a feature does not fit its column.
+    """
+    rtype = record_type_code(record_type)
+    nrows = len(chunk)
+    if len(schema) == 0:
+        return _empty_batch(nrows)
+    if rtype == 2:
+        offsets, data = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
+        arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        return pa.RecordBatch.from_arrays([_cast(arr, f, chunk) for f in schema], schema=schema)
+    specs = [_column_spec(f, record_type) for f in schema]
+    columns = [(f.name.encode(), kind, shape, n, 1 if shape == _SEQ else 0) for f, (kind, shape, n) in zip(schema, specs)]
+    try:
+        results = _native.decode(chunk.buffer, chunk.positions, chunk.lengths, rtype, columns)
+    except _native.CodecError as e:
+        raise _decode_error(e, chunk, {f.name: f.type for f in schema}) from None
+    arrays = [_cast(_build(*spec, res, nrows), f, chunk) for f, spec, res in zip(schema, specs, results)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# ------------------------------------------------------------------------------------------------
+# encode
+
+
+def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
+                    allow_float64_narrowing: bool = False) -> None:
+    """Raise :class:`SchemaError` (naming column and type) if ``schema`` cannot be written.
+
+    Call it before writing anything, so a bad column fails the write at the start, not midway.
+    ``float64`` columns pass here; their values are checked when encoded unless
+    ``allow_float64_narrowing``.
+    """
+    rtype = record_type_code(record_type)
+    if rtype == 2:
+        if len(schema) != 1 or _leaf_kind(schema[0].type) != _BYTES:
+            raise SchemaError(f"record_type='ByteArray' writes one binary or string column, got {schema}")
+        return
+    seen = set()
+    for f in schema:
+        if f.name in seen:
+            raise SchemaError("duplicate column name", column=f.name)
+        seen.add(f.name)
+        _column_spec(f, record_type)
+
+
+def _first_true(mask: pa.Array) -> int:
+    return int(pc.index(mask, True).as_py())
+
+
+def _leaf_values(leaf: pa.Array, kind: int, column: str, allow_float64_narrowing: bool) -> tuple:
+    """(values, data) buffers of a leaf array in the encoder's canonical layout."""
+    t = leaf.type
+    if kind == _NULL:
+        return None, None
+    if kind == _BYTES:
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            leaf = leaf.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
+        bufs = leaf.buffers()
+        width = np.int64 if pa.types.is_large_binary(leaf.type) else np.int32
+        offsets = np.frombuffer(bufs[1], width, count=leaf.offset + len(leaf) + 1)[leaf.offset:]
+        return offsets.astype(np.int64), (bufs[2] if bufs[2] is not None else b"")
+    if kind == _INT64:
+        if pa.types.is_uint64(t) and len(leaf) and pc.max(leaf).as_py() > 2**63 - 1:
+            row = _first_true(pc.greater(leaf, pa.scalar(2**63 - 1, pa.uint64())))
+            raise TFRecordError(f"uint64 value {leaf[row].as_py()} (element {row}) exceeds the int64 range of "
+                                "int64_list", column=column)
+        leaf = leaf.cast(pa.int64())
+        dtype = np.int64
+    else:
+        if pa.types.is_float64(t) and not allow_float64_narrowing:
+            narrow = leaf.cast(pa.float32(), safe=False)
+            exact = pc.or_(pc.equal(narrow.cast(pa.float64()), leaf), pc.is_nan(leaf))
+            if len(leaf) and not pc.all(exact).as_py():
+                row = _first_true(pc.invert(exact))
+                raise TFRecordError(f"float64 value {leaf[row].as_py()!r} (element {row}) is not exactly representable "
+                                    "as float32, the only float type of TFRecord; pass allow_float64_narrowing=True to "
+                                    "round it", column=column)
+        leaf = leaf.cast(pa.float32(), safe=False)
+        dtype = np.float32
+    return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    return arr.offsets.to_numpy().astype(np.int64)
+
+
+def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -> None:
+    part = arr.slice(lo, max(0, hi - lo))
+    if part.null_count:
+        i = _first_true(part.is_null())
+        raise TFRecordError(f"null {what} at element {lo + i}; TFRecord lists cannot hold nulls (a null row is "
+                            "written as a missing feature)", column=column)
+
+
+def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_narrowing: bool) -> tuple:
+    kind, shape, n = _column_spec(f, record_type)
+    valid = arr.buffers()[0] if arr.null_count else None
+    rowoff = inner = None
+    if shape == _SCALAR:
+        leaf = arr
+    elif shape == _FIXED:
+        leaf = arr.values
+        rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
+        shape = _LIST
+    else:
+        rowoff = _offsets(arr)
+        leaf = arr.values
+        if shape == _SEQ:
+            steps = leaf
+            _no_nulls_between(steps, int(rowoff[0]), int(rowoff[-1]), f.name, "inner list")
+            inner = _offsets(steps)
+            leaf = steps.values
+            lo, hi = (int(inner[rowoff[0]]), int(inner[rowoff[-1]])) if len(arr) else (0, 0)
+        else:
+            lo, hi = (int(rowoff[0]), int(rowoff[-1])) if len(arr) else (0, 0)
+        _no_nulls_between(leaf, lo, hi, f.name, "list element")
+    vals, data = _leaf_values(leaf, kind, f.name, allow_float64_narrowing)
+    return (f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
+
+
+def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
+           allow_float64_narrowing: bool = False) -> EncodedRecords:
+    """Encode every row of ``batch`` as one framed record (CRCs included).
+
+    Null cells become missing features. Raises :class:`SchemaError` for a column type with no
+    TFRecord form, :class:`TFRecordError` for values that cannot be written without loss.
+    """
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
+            [], schema=batch.schema)
+    check_encodable(batch.schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
+    rtype = record_type_code(record_type)
+    if rtype == 2:
+        arr = batch.column(0)
+        if arr.null_count:
+            raise TFRecordError(f"null record at row {_first_true(arr.is_null())}", column=batch.schema[0].name)
+        vals, data = _leaf_values(arr, _BYTES, batch.schema[0].name, False)
+        cols = [(batch.schema[0].name.encode(), _BYTES, _SCALAR, None, 0, None, None, vals, data)]
+    else:
+        cols = [_encode_column(f, batch.column(i), record_type, allow_float64_narrowing)
+                for i, f in enumerate(batch.schema)]
+    data, offsets = _native.encode(rtype, batch.num_rows, cols)
+    return EncodedRecords(memoryview(data), np.frombuffer(offsets, np.int64))

@@ -1,0 +1,37 @@
+"""Exceptions raised by ray_tfrecord. Every one names where the problem is."""
+
+from __future__ import annotations
+
+
+class TFRecordError(ValueError):
+    """Base class: a problem with TFRecord data, located by file, byte offset and column.
+
+    ``offset`` is the byte offset of the record's header in the file (in the decompressed stream
+    for GZIP/ZLIB files); ``column`` is the feature name where one is involved.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
+                 column: str | None = None) -> None:
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if offset is not None:
+            where.append(f"offset {offset}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+        self.path = path
+        self.offset = offset
+        self.column = column
+
+
+class CorruptRecordError(TFRecordError):
+    """The framing is broken: a truncated record, a CRC mismatch or a damaged compressed stream."""
+
+
+class DecodeError(TFRecordError):
+    """A record's protobuf is malformed, or a feature does not fit its column (kind or count)."""
+
+
+class SchemaError(TFRecordError):
+    """A schema cannot be inferred or an Arrow type cannot be written as TFRecord."""

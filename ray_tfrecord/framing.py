@@ -1,0 +1,295 @@
+"""TFRecord framing: find records in byte streams, verify CRCs, (de)compress, write framed bytes.
+
+A TFRecord file is records laid end to end, each ``uint64 length | uint32 masked_crc32c(length) |
+data | uint32 masked_crc32c(data)``. GZIP and ZLIB wrap the whole stream. The scan itself runs in
+the native core; this module feeds it bounded chunks of a stream and turns its findings into
+:class:`RecordChunk` objects or located :class:`~ray_tfrecord.errors.CorruptRecordError` s.
+
+Example::
+
+    import io
+    from ray_tfrecord.framing import frame_records, iter_chunks
+
+    data = frame_records([b"a", b"bc"])
+    (chunk,) = iter_chunks(io.BytesIO(data), path="<memory>")
+    assert [bytes(chunk.record(i)) for i in range(len(chunk))] == [b"a", b"bc"]
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterable, Iterator, Literal
+
+import numpy as np
+
+from . import _native
+from .errors import CorruptRecordError
+
+Compression = Literal["gzip", "zlib"]
+OnCorrupt = Literal["raise", "skip"]
+
+_log = logging.getLogger(__name__)
+_WBITS = {"gzip": 31, "zlib": 15}
+_RAW_READ = 256 << 10  # TensorFlow's default compression buffer size
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """The masked CRC-32C TFRecord stores after the length and after the data."""
+    return _native.masked_crc32c(data)
+
+
+def frame_records(records: Iterable[bytes]) -> bytes:
+    """Frame raw record payloads as a TFRecord byte stream."""
+    out = bytearray()
+    for r in records:
+        header = struct.pack("<Q", len(r))
+        out += header + struct.pack("<I", masked_crc32c(header)) + r + struct.pack("<I", masked_crc32c(r))
+    return bytes(out)
+
+
+def detect_compression(head: bytes) -> Compression | None:
+    """Tell GZIP, ZLIB and plain TFRecord apart from a file's first bytes (16 are plenty).
+
+    A plain file whose first length CRC holds is plain whatever its bytes look like: a length
+    whose low bytes happen to read ``78 9c`` must not be mistaken for a ZLIB header.
+    """
+    if len(head) >= 12 and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
+        return None
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and ((head[0] << 8) | head[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
+@dataclass(frozen=True)
+class RecordChunk:
+    """Whole framed records found in ``buffer``.
+
+    ``positions[i]`` is the offset of record i's header within ``buffer``, ``lengths[i]`` its
+    payload length; ``base_offset`` is the stream offset of ``buffer[0]`` (an offset in the
+    decompressed stream when ``compressed``).
+    """
+
+    buffer: bytes | memoryview
+    positions: np.ndarray
+    lengths: np.ndarray
+    base_offset: int
+    path: str
+    compressed: bool = False
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def offsets(self) -> np.ndarray:
+        """Stream offsets of every record header."""
+        return self.positions + self.base_offset
+
+    def offset(self, i: int) -> int:
+        return int(self.positions[i]) + self.base_offset
+
+    def record(self, i: int) -> memoryview:
+        """The payload of record i (no copy)."""
+        p = int(self.positions[i]) + 12
+        return memoryview(self.buffer)[p : p + int(self.lengths[i])]
+
+    def where(self, i: int) -> str:
+        """How error messages should name record i's place."""
+        return "decompressed stream" if self.compressed else "file"
+
+
+@dataclass
+class CorruptionReport:
+    """Bad records skipped under ``on_corrupt="skip"``: a count and the first few places."""
+
+    count: int = 0
+    samples: list[tuple[str, int, str]] = field(default_factory=list)
+    max_samples: int = 20
+
+    def add(self, path: str, offset: int, reason: str) -> None:
+        self.count += 1
+        if len(self.samples) < self.max_samples:
+            self.samples.append((path, offset, reason))
+        _log.warning("skipping corrupt TFRecord data in %s at offset %d: %s", path, offset, reason)
+
+    def merge(self, other: "CorruptionReport") -> None:
+        self.count += other.count
+        self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
+
+
+def _frame_error(code: int, a: int, b: int) -> str:
+    if code == 1:
+        return f"truncated record header: {a} bytes left, 12 needed"
+    if code == 2:
+        return f"truncated record: length field claims {a} bytes (+4 CRC) but only {b} bytes remain"
+    if code == 3:
+        return "corrupted record: length CRC mismatch"
+    return f"corrupted record: data CRC mismatch over {a} bytes"
+
+
+class _Replay:
+    """A stream whose first bytes were already read (for compression detection)."""
+
+    def __init__(self, head: bytes, raw: BinaryIO) -> None:
+        self._head, self._raw = head, raw
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n < 0:
+                out, self._head = self._head + self._raw.read(), b""
+                return out
+            out, self._head = self._head[:n], self._head[n:]
+            return out if len(out) == n else out + self._raw.read(n - len(out))
+        return self._raw.read(n)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+class _Inflate:
+    """A decompressing reader that never inflates more than it was asked for (no zip bombs)."""
+
+    def __init__(self, raw: BinaryIO, compression: Compression, path: str) -> None:
+        self._raw, self._kind, self._path = raw, compression, path
+        self._d = zlib.decompressobj(_WBITS[compression])
+        self._raw_pos = 0
+        self._eof = False
+
+    def _fail(self, why: str) -> CorruptRecordError:
+        return CorruptRecordError(f"{why} (compressed byte {self._raw_pos})", path=self._path)
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = 1 << 62
+        out: list[bytes] = []
+        size = 0
+        while size < n and not self._eof:
+            src = self._d.unconsumed_tail
+            if not src:
+                if self._d.eof:
+                    src = self._d.unused_data or self._raw.read(_RAW_READ)
+                    if not src:
+                        self._eof = True
+                        break
+                    if self._kind == "zlib":
+                        raise self._fail("data after the end of the ZLIB stream")
+                    self._d = zlib.decompressobj(_WBITS[self._kind])  # concatenated gzip members
+                else:
+                    src = self._raw.read(_RAW_READ)
+                    if not src:
+                        raise self._fail(f"truncated {self._kind.upper()} stream")
+                    self._raw_pos += len(src)
+            try:
+                data = self._d.decompress(src, n - size)
+            except zlib.error as e:
+                raise self._fail(f"corrupted {self._kind.upper()} stream: {e}") from None
+            out.append(data)
+            size += len(data)
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def open_stream(path: str, filesystem, compression: Compression | Literal["auto"] | None = "auto"
+                ) -> tuple[BinaryIO, Compression | None]:
+    """Open ``path`` on a ``pyarrow.fs`` filesystem as a (decompressed) byte stream.
+
+    Compression is detected from the content when ``"auto"``, never from the file name.
+    """
+    raw = filesystem.open_input_stream(path, compression=None)
+    head = raw.read(16)
+    found = detect_compression(head) if compression == "auto" else compression
+    if found not in (None, "gzip", "zlib"):
+        raise ValueError(f"compression must be 'auto', None, 'gzip' or 'zlib', not {compression!r}")
+    stream = _Replay(head, raw)
+    return (_Inflate(stream, found, path) if found else stream), found
+
+
+def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
+                verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
+                chunk_bytes: int = 8 << 20, size: int | None = None, compressed: bool = False
+                ) -> Iterator[RecordChunk]:
+    """Yield chunks of whole records read from ``stream``, which is positioned at ``start``.
+
+    Only records whose header starts in ``[start, end)`` are yielded (``end=None``: to the end).
+    ``resync=True`` first searches for a record boundary at or after ``start`` using the length
+    and data CRCs; use it for a byte range that does not begin at a known boundary. ``size`` (the
+    stream's total length, when known) lets a length field that claims more than the file holds
+    be rejected without reading on. Memory stays within about ``chunk_bytes`` plus the largest
+    record. The length CRC is always checked (it is what makes a length trustworthy);
+    ``verify_crc`` governs the data CRC.
+    """
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
+    skip = on_corrupt == "skip"
+    if skip and report is None:
+        report = CorruptionReport()
+    base, pending, eof, need, resyncing = start, b"", False, 0, resync
+    while end is None or base < end:
+        if size is not None and need > size - base:
+            # The header at `base` claims more bytes than the file has left: no need to read them.
+            reason = _frame_error(2, need - 16, size - base - 12)
+            if not skip:
+                raise CorruptRecordError(reason, path=path, offset=base)
+            report.add(path, base, reason)
+            pending, base, need, resyncing = pending[1:], base + 1, 0, True
+        target = max(len(pending) + chunk_bytes, need)
+        parts, have = [pending], len(pending)
+        while have < target and not eof:
+            piece = stream.read(min(target - have, max(chunk_bytes, 1 << 16)))
+            if not piece:
+                eof = True
+                break
+            parts.append(piece)
+            have += len(piece)
+        data = b"".join(parts) if len(parts) > 1 else parts[0]
+        limit = -1 if end is None else end - base
+        pos, lens, consumed, errors, nerr, need, resyncing = _native.scan(
+            data, verify=verify_crc, final=eof, skip=skip, limit=limit, resync=resyncing)
+        if errors:
+            if not skip:
+                code, p, a, b = errors[0]
+                raise CorruptRecordError(_frame_error(code, a, b), path=path, offset=base + p)
+            for code, p, a, b in errors:
+                report.add(path, base + p, _frame_error(code, a, b))
+            report.count += nerr - len(errors)
+        if len(pos):
+            yield RecordChunk(data, np.frombuffer(pos, np.int64), np.frombuffer(lens, np.int64), base, path, compressed)
+        pending = data[consumed:]
+        base += consumed
+        if eof:
+            return
+
+
+class RecordWriter:
+    """Writes framed records to a binary stream, compressing the whole stream when asked.
+
+    ``bytes_written`` counts uncompressed stream bytes, i.e. the offsets an index refers to.
+    """
+
+    def __init__(self, stream: BinaryIO, compression: Compression | None = None, level: int = -1) -> None:
+        if compression not in (None, "gzip", "zlib"):
+            raise ValueError(f"compression must be None, 'gzip' or 'zlib', not {compression!r}")
+        self._stream = stream
+        self._z = zlib.compressobj(level, zlib.DEFLATED, _WBITS[compression]) if compression else None
+        self.bytes_written = 0
+
+    def write(self, framed: bytes | memoryview) -> None:
+        self.bytes_written += len(framed)
+        self._stream.write(self._z.compress(framed) if self._z else framed)
+
+    def close(self) -> None:
+        if self._z:
+            self._stream.write(self._z.flush())
+            self._z = None
+        self._stream.close()
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

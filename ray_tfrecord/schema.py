@@ -1,0 +1,123 @@
+"""Schema inference: an Arrow schema from a sample of TFRecord records.
+
+Rules (a sample never silently changes what the data means):
+
+- ``int64_list`` -> ``int64``, ``float_list`` -> ``float32``, ``bytes_list`` -> ``binary``.
+- A feature is a scalar only if every sampled record holds exactly one value; otherwise
+  ``list<T>`` (missing -> null). With ``fixed_size_lists=True``, a feature with the same number
+  (> 1) of values in every sampled record becomes ``fixed_size_list<T>[n]``.
+- SequenceExample ``feature_lists`` -> ``list<list<T>>``.
+- Kinds never merge: a feature that is ``int64_list`` in one record and ``float_list`` in another
+  is a :class:`~ray_tfrecord.errors.SchemaError` naming both records.
+- A feature that never has a kind set in the sample (every occurrence an empty ``Feature``) is
+  ``list<null>``: it reads back as empty lists and writes back as empty ``Feature`` s, so it
+  round-trips exactly. An empty list *with* a kind (``int64_list {}``) keeps its kind.
+- Columns are sorted by name, so the schema does not depend on map order within records.
+
+Example::
+
+    import io
+    import pyarrow as pa
+    from ray_tfrecord import codec
+    from ray_tfrecord.framing import iter_chunks
+    from ray_tfrecord.schema import infer_schema
+
+    enc = codec.encode(pa.record_batch({"x": pa.array([[1], [2, 3]])}))
+    schema = infer_schema(iter_chunks(io.BytesIO(bytes(enc.data)), path="<memory>"))
+    assert schema == pa.schema([("x", pa.list_(pa.int64()))])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import pyarrow as pa
+
+from . import _native
+from .codec import _KIND_NAMES, _NATIVE_LEAF, BYTE_ARRAY_SCHEMA, RecordType, record_type_code
+from .errors import DecodeError, SchemaError
+from .framing import RecordChunk
+
+_NONE = -1
+
+
+@dataclass
+class _Stats:
+    section: int
+    kind: int
+    kind_place: tuple[str, int] | None
+    present: int = 0
+    min_count: int = 1 << 62
+    max_count: int = -1
+
+
+def _place(p: tuple[str, int] | None) -> str:
+    return f"{p[0]} at offset {p[1]}" if p else "?"
+
+
+def _inspect(chunk: RecordChunk, rtype: int) -> list[tuple]:
+    try:
+        return _native.inspect(chunk.buffer, chunk.positions, chunk.lengths, rtype)
+    except _native.CodecError as e:
+        code, record, column, first_record, a, b, what = e.args
+        name = column.decode("utf-8", "replace") if column is not None else None
+        if code == 2:
+            raise SchemaError(f"feature is {_KIND_NAMES[a]} here but {_KIND_NAMES[b]} in the record at offset "
+                              f"{chunk.offset(first_record)}; kinds never merge", path=chunk.path,
+                              offset=chunk.offset(record), column=name) from None
+        raise DecodeError(f"malformed record: {what} (at byte {first_record} of the record)", path=chunk.path,
+                          offset=chunk.offset(record), column=name) from None
+
+
+def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Example", *,
+                 fixed_size_lists: bool = False) -> pa.Schema:
+    """Infer the schema of the records in ``chunks`` (all of them: the caller bounds the sample)."""
+    rtype = record_type_code(record_type)
+    if rtype == 2:
+        return BYTE_ARRAY_SCHEMA
+    stats: dict[tuple[int, bytes], _Stats] = {}
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        for name, section, kind, present, lo, hi, _lo_in, _hi_in, kind_rec in _inspect(chunk, rtype):
+            s = stats.get((section, name))
+            place = (chunk.path, chunk.offset(kind_rec)) if kind_rec >= 0 else None
+            if s is None:
+                s = stats[(section, name)] = _Stats(section, kind, place)
+            elif kind != _NONE and s.kind == _NONE:
+                s.kind, s.kind_place = kind, place
+            elif kind != _NONE and kind != s.kind:
+                raise SchemaError(f"feature is {_KIND_NAMES[kind]} in {_place(place)} but {_KIND_NAMES[s.kind]} in "
+                                  f"{_place(s.kind_place)}; kinds never merge", column=_name(name))
+            s.present += present
+            s.min_count = min(s.min_count, lo)
+            s.max_count = max(s.max_count, hi)
+    fields = []
+    names = {}
+    for (section, raw), s in sorted(stats.items(), key=lambda kv: kv[0][1]):
+        name = _name(raw)
+        if name in names:
+            raise SchemaError("name is both a context feature and a feature_list; Arrow columns need distinct names",
+                              column=name)
+        names[name] = section
+        fields.append(pa.field(name, _type(s, total, fixed_size_lists)))
+    return pa.schema(fields)
+
+
+def _name(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SchemaError(f"feature name {raw!r} is not UTF-8") from None
+
+
+def _type(s: _Stats, total: int, fixed_size_lists: bool) -> pa.DataType:
+    leaf = pa.null() if s.kind == _NONE else _NATIVE_LEAF[s.kind]
+    if s.section == 1:
+        return pa.list_(pa.list_(leaf))
+    if s.kind != _NONE and s.present == total and s.min_count == s.max_count == 1:
+        return leaf
+    if fixed_size_lists and s.kind != _NONE and s.present == total and s.min_count == s.max_count > 1:
+        return pa.list_(leaf, s.max_count)
+    return pa.list_(leaf)
