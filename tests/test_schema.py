@@ -1,0 +1,91 @@
+"""Schema inference rules."""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_tfrecord import codec
+from ray_tfrecord.errors import SchemaError
+from ray_tfrecord.framing import frame_records, iter_chunks
+from ray_tfrecord.schema import infer_schema
+
+from . import reference as ref
+from .strategies import column_specs, rows_for, same_floats
+
+
+def infer(payloads, record_type="Example", chunk_bytes=8 << 20, **kw):
+    return infer_schema(iter_chunks(io.BytesIO(frame_records(payloads)), path="s.tfrecord", chunk_bytes=chunk_bytes),
+                        record_type, **kw)
+
+
+def test_scalar_only_when_every_record_has_exactly_one_value():
+    one = ref.encode_example({"a": ("int64_list", [1]), "b": ("float_list", [1.0]), "c": ("bytes_list", [b"x"])})
+    two = ref.encode_example({"a": ("int64_list", [1, 2]), "b": ("float_list", [2.0]), "c": ("bytes_list", [b"y"])})
+    missing = ref.encode_example({"a": ("int64_list", [1]), "b": ("float_list", [2.0])})
+    assert infer([one, two, missing]) == pa.schema([("a", pa.list_(pa.int64())), ("b", pa.float32()),
+                                                    ("c", pa.list_(pa.binary()))])
+
+
+def test_fixed_size_lists_on_request():
+    rows = [ref.encode_example({"img": ("int64_list", [i] * 4), "v": ("float_list", [1.0] * (i % 2 + 1))}) for i in range(5)]
+    assert infer(rows) == pa.schema([("img", pa.list_(pa.int64())), ("v", pa.list_(pa.float32()))])
+    assert infer(rows, fixed_size_lists=True) == pa.schema([("img", pa.list_(pa.int64(), 4)), ("v", pa.list_(pa.float32()))])
+
+
+def test_kinds_never_merge_and_the_error_names_both_records():
+    a = ref.encode_example({"x": ("int64_list", [1])})
+    b = ref.encode_example({"x": ("float_list", [1.0])})
+    with pytest.raises(SchemaError, match=rf"column 'x'.*float_list.*int64_list in the record at offset 0"):
+        infer([a, b])
+    with pytest.raises(SchemaError, match=r"column 'x'.*float_list in s.tfrecord at offset .* int64_list in s.tfrecord at offset 0"):
+        infer([a, b], chunk_bytes=len(a) + 16)  # across chunks
+
+
+def test_empty_features_keep_their_kind_and_kindless_ones_are_null_lists():
+    rows = [ref.encode_example({"e": ("int64_list", []), "n": (None, [])}), ref.encode_example({"e": ("int64_list", [])})]
+    schema = infer(rows)
+    assert schema == pa.schema([("e", pa.list_(pa.int64())), ("n", pa.list_(pa.null()))])
+    chunk = next(iter_chunks(io.BytesIO(frame_records(rows)), path="m"))
+    batch = codec.decode(chunk, schema)
+    again = next(iter_chunks(io.BytesIO(bytes(codec.encode(batch).data)), path="m"))
+    assert [ref.decode_example(bytes(again.record(i))) for i in range(2)] == [ref.decode_example(r) for r in rows]
+
+
+def test_sequence_example_feature_lists_are_list_of_lists():
+    rec = ref.encode_sequence_example({"len": ("int64_list", [2])}, {"tok": ("bytes_list", [[b"a"], [b"b", b"c"]])})
+    assert infer([rec], "SequenceExample") == pa.schema([("len", pa.int64()), ("tok", pa.list_(pa.list_(pa.binary())))])
+    clash = ref.encode_sequence_example({"x": ("int64_list", [2])}, {"x": ("int64_list", [[1]])})
+    with pytest.raises(SchemaError, match="column 'x'.*both a context feature and a feature_list"):
+        infer([clash], "SequenceExample")
+
+
+def test_byte_array_schema():
+    assert infer([b"anything"], "ByteArray") == codec.BYTE_ARRAY_SCHEMA
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_inferred_schema_decodes_every_sampled_record(data):
+    specs = data.draw(column_specs())
+    rows = data.draw(rows_for(specs, min_rows=1))
+    payloads = [ref.encode_example(r) for r in rows]
+    schema = infer(payloads)
+    chunk = next(iter_chunks(io.BytesIO(frame_records(payloads)), path="m"))
+    batch = codec.decode(chunk, schema)
+    present = {n for r in rows for n in r}
+    assert set(schema.names) == present
+    for name in present:
+        scalar = not pa.types.is_list(schema.field(name).type)
+        assert scalar == all(name in r and len(r[name][1]) == 1 for r in rows)
+        for got, r in zip(batch.column(name).to_pylist(), rows):
+            if name not in r:
+                assert got is None
+                continue
+            kind, want = r[name]
+            got = [got] if scalar else got
+            assert same_floats(got, want) if kind == "float_list" else got == want
