@@ -364,7 +364,7 @@ enum { K_BYTES = 0, K_FLOAT = 1, K_INT64 = 2, K_NULL = 3, K_NONE = -1 };
 enum { S_SCALAR = 0, S_LIST = 1, S_FIXED = 2, S_SEQ = 3 };
 
 typedef struct {
-    const uint8_t *rec; /* start of the current record, for error offsets */
+    const uint8_t *rec;     /* start of the current record, for error offsets */
     int64_t record;
     Err err;
 } Ctx;
@@ -420,6 +420,24 @@ static inline int rd_field(Ctx *c, const uint8_t **pp, const uint8_t *end, uint3
     return 0;
 }
 
+/* The common case of rd_field: the expected length-delimited tag with a 1- or 2-byte length.
+ * Returns 1 and advances on a match; 0 (nothing consumed) sends the caller to rd_field. */
+static inline int ld_fast(const uint8_t **pp, const uint8_t *end, uint8_t tag, const uint8_t **vs, const uint8_t **ve) {
+    const uint8_t *p = *pp;
+    if (end - p < 3 || p[0] != tag) return 0;
+    size_t len = p[1], hdr = 2;
+    if (len & 0x80) {
+        if (p[2] & 0x80) return 0;
+        len = (len & 0x7F) | ((size_t)p[2] << 7);
+        hdr = 3;
+    }
+    if (len > (size_t)(end - p) - hdr) return 0;
+    *vs = p + hdr;
+    *ve = p + hdr + len;
+    *pp = *ve;
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Columns                                                                                     */
 
@@ -437,9 +455,18 @@ typedef struct {
     int64_t present, min_count, max_count, min_inner, max_inner, kind_record;
 } Col;
 
+#define PRED 64 /* map entries per record whose column is predicted from the previous record */
+
+typedef struct {
+    const uint8_t *key;
+    Py_ssize_t len;
+    int col;
+} Pred;
+
 typedef struct {
     Col *cols;
     int ncols, cap;
+    Pred pred[2][PRED];
     int32_t *table; /* open addressing over cols, -1 empty; per section via hash salt */
     uint32_t tmask;
     int inspect; /* collect statistics, create columns on first sight, store no values */
@@ -469,13 +496,21 @@ static int table_build(Cols *cs) {
     return 0;
 }
 
+static inline int key_eq(const uint8_t *a, const uint8_t *b, Py_ssize_t n) {
+    for (; n >= 8; n -= 8, a += 8, b += 8)
+        if (rd64(a) != rd64(b)) return 0;
+    while (n--)
+        if (*a++ != *b++) return 0;
+    return 1;
+}
+
 static int find_col(Cols *cs, const uint8_t *k, Py_ssize_t n, int section) {
     uint32_t h = (uint32_t)hash_key(k, n, section) & cs->tmask;
     for (;;) {
         int32_t i = cs->table[h];
         if (i < 0) return -1;
         Col *c = &cs->cols[i];
-        if (c->section == section && c->name_len == n && memcmp(c->name, k, (size_t)n) == 0) return i;
+        if (c->section == section && c->name_len == n && key_eq(c->name, k, n)) return i;
         h = (h + 1) & cs->tmask;
     }
 }
@@ -574,25 +609,72 @@ static int feature_kind(Ctx *c, const uint8_t *p, const uint8_t *end, int col, i
     return 0;
 }
 
+/* Decodes the varints of [p, end) into out (counting only when out is NULL). A byte-at-a-time
+ * loop mispredicts on every other value of random small data (pixels, ids) and chains each load
+ * on the previous length; instead one 8-byte load yields every varint that ends inside it (its
+ * terminators are the bytes with the high bit clear), so the chain is per word, not per value. */
+static inline uint64_t compact7(uint64_t x) {
+    x &= 0x7F7F7F7F7F7F7F7FULL;
+    x = ((x & 0x7F007F007F007F00ULL) >> 1) | (x & 0x007F007F007F007FULL);
+    x = ((x & 0x3FFF00003FFF0000ULL) >> 2) | (x & 0x00003FFF00003FFFULL);
+    return ((x & 0x0FFFFFFF00000000ULL) >> 4) | (x & 0x000000000FFFFFFFULL);
+}
+
+static int packed_varints(const uint8_t *p, const uint8_t *end, int64_t *out, int64_t *count) {
+    int64_t k = 0;
+    while (p < end) {
+        if (end - p >= 8) {
+            uint64_t w = rd64(p);
+            uint64_t m = ~w & 0x8080808080808080ULL;
+            if (m) {
+                int start = 0;
+                do {
+                    int last = __builtin_ctzll(m) >> 3, nbytes = last - start + 1;
+                    uint64_t x = w >> (8 * start);
+                    if (nbytes < 8) x &= (1ULL << (8 * nbytes)) - 1;
+                    if (out) out[k] = (int64_t)compact7(x);
+                    k++;
+                    start = last + 1;
+                    m &= m - 1;
+                } while (m);
+                p += start;
+                continue;
+            }
+            /* 9 or 10 bytes: a negative int64, or one of 2^56 and up */
+            if (end - p >= 10 && (!(p[8] & 0x80) || (p[8] & 0x80 && p[9] <= 1))) {
+                uint64_t v = compact7(w) | ((uint64_t)(p[8] & 0x7F) << 56);
+                if (p[8] & 0x80) v |= (uint64_t)p[9] << 63;
+                if (out) out[k] = (int64_t)v;
+                k++;
+                p += (p[8] & 0x80) ? 10 : 9;
+                continue;
+            }
+        }
+        uint64_t v;
+        if (rd_varint(&p, end, &v)) return -1;
+        if (out) out[k] = (int64_t)v;
+        k++;
+    }
+    *count = k;
+    return 0;
+}
+
 /* Appends (or, in inspect mode, counts) the values of one list message of the given kind. */
 static int list_values(Ctx *c, Col *col, int ci, int kind, const uint8_t *p, const uint8_t *end, int store, int64_t *count) {
     while (p < end) {
         const uint8_t *vs, *ve, *at = p;
-        uint32_t f;
-        int wt;
-        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
-        if (f != 1) continue;
+        uint32_t f = 1;
+        int wt = 2;
+        if (!ld_fast(&p, end, 0x0A, &vs, &ve)) {
+            if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
+            if (f != 1) continue;
+        }
         if (kind == K_INT64) {
             if (wt == 2) {
                 if (store && buf_reserve(&col->vals, (size_t)(ve - vs) * 8)) return fail_at(c, E_NOMEM, at, ci, "out of memory");
                 int64_t *out = store ? (int64_t *)(col->vals.p + col->vals.len) : NULL;
                 int64_t k = 0;
-                for (const uint8_t *q = vs; q < ve;) {
-                    uint64_t v;
-                    if (rd_varint(&q, ve, &v)) return fail_at(c, E_MALFORMED, q, ci, "packed int64 varint runs past its list");
-                    if (out) out[k] = (int64_t)v;
-                    k++;
-                }
+                if (packed_varints(vs, ve, out, &k)) return fail_at(c, E_MALFORMED, vs, ci, "packed int64 varint runs past its list");
                 if (store) col->vals.len += (size_t)k * 8;
                 *count += k;
             } else if (wt == 0) {
@@ -646,8 +728,26 @@ static int list_values(Ctx *c, Col *col, int ci, int kind, const uint8_t *p, con
 static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end, int64_t *count) {
     Col *col = &cs->cols[ci];
     int kind;
-    const uint8_t *run;
-    if (feature_kind(c, p, end, ci, &kind, &run)) return -1;
+    const uint8_t *run, *only = NULL, *only_end = NULL;
+    {
+        /* The usual Feature is a single kind field: decode it without a second pass. */
+        const uint8_t *q = p, *vs, *ve;
+        uint32_t f;
+        int wt;
+        if (end - p >= 3 && p[0] >= 0x0A && p[0] <= 0x1A && (p[0] & 7) == 2 && ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
+            kind = p[0] == 0x0A ? K_BYTES : p[0] == 0x12 ? K_FLOAT : K_INT64;
+            run = p;
+            only = vs;
+            only_end = ve;
+        } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == 2 && f >= 1 && f <= 3) {
+            kind = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+            run = p;
+            only = vs;
+            only_end = ve;
+        } else if (feature_kind(c, p, end, ci, &kind, &run)) {
+            return -1;
+        }
+    }
     *count = 0;
     if (kind == K_NONE) return 0;
     if (cs->inspect) {
@@ -669,14 +769,18 @@ static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint
         c->err.b = col->kind;
         return fail_at(c, E_KIND, p, ci, "");
     }
-    const uint8_t *q = run;
-    while (q < end) {
-        const uint8_t *vs, *ve;
-        uint32_t f;
-        int wt;
-        rd_field(c, &q, end, &f, &wt, &vs, &ve, ci); /* validated by feature_kind */
-        if (wt == 2 && (int)f == (kind == K_BYTES ? 1 : kind == K_FLOAT ? 2 : 3))
-            if (list_values(c, col, ci, kind, vs, ve, !cs->inspect, count)) return -1;
+    if (only) {
+        if (list_values(c, col, ci, kind, only, only_end, !cs->inspect, count)) return -1;
+    } else {
+        const uint8_t *q = run;
+        while (q < end) {
+            const uint8_t *vs, *ve;
+            uint32_t f;
+            int wt;
+            rd_field(c, &q, end, &f, &wt, &vs, &ve, ci); /* validated by feature_kind */
+            if (wt == 2 && (int)f == (kind == K_BYTES ? 1 : kind == K_FLOAT ? 2 : 3))
+                if (list_values(c, col, ci, kind, vs, ve, !cs->inspect, count)) return -1;
+        }
     }
     col->nvals += *count;
     if (!cs->inspect && col->kind == K_BYTES && col->nvals > INT32_MAX)
@@ -717,14 +821,32 @@ static int feature_list_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const
 
 /* A Features or FeatureLists map: entries of (key = 1, value = 2). */
 static int parse_map(Ctx *c, Cols *cs, const uint8_t *p, const uint8_t *end, int section) {
+    int entry_no = 0;
     while (p < end) {
         const uint8_t *vs, *ve;
         uint32_t f;
         int wt;
-        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, -1)) return -1;
-        if (f != 1 || wt != 2) continue;
+        if (!ld_fast(&p, end, 0x0A, &vs, &ve)) {
+            if (rd_field(c, &p, end, &f, &wt, &vs, &ve, -1)) return -1;
+            if (f != 1 || wt != 2) continue;
+        }
         const uint8_t *key = vs, *val = NULL, *val_end = NULL, *q = vs;
         Py_ssize_t key_len = 0;
+        {
+            const uint8_t *ks, *ke;
+            /* the usual entry: key then value, nothing else */
+            if (ld_fast(&q, ve, 0x0A, &ks, &ke)) {
+                key = ks;
+                key_len = ke - ks;
+                if (ld_fast(&q, ve, 0x12, &val, &val_end) && q != ve) val = NULL;
+            }
+            if (q != ve) {
+                q = vs;
+                key = vs;
+                key_len = 0;
+                val = val_end = NULL;
+            }
+        }
         while (q < ve) {
             const uint8_t *s, *e;
             if (rd_field(c, &q, ve, &f, &wt, &s, &e, -1)) return -1;
@@ -737,11 +859,21 @@ static int parse_map(Ctx *c, Cols *cs, const uint8_t *p, const uint8_t *end, int
                 val_end = e;
             }
         }
-        int ci = find_col(cs, key, key_len, section);
+        /* Records of one dataset list their features in the same order: try last record's answer. */
+        Pred *pr = entry_no < PRED ? &cs->pred[section][entry_no] : NULL;
+        int ci;
+        if (pr && pr->key && pr->len == key_len && key_eq(pr->key, key, key_len)) {
+            ci = pr->col;
+        } else {
+            ci = find_col(cs, key, key_len, section);
+            if (pr) *pr = (Pred){key, key_len, ci};
+        }
+        entry_no++;
         if (ci < 0) {
             if (!cs->inspect) continue;
             ci = add_col(cs, key, key_len, section);
             if (ci < 0) return fail_at(c, E_NOMEM, vs, -1, "out of memory");
+            if (pr) pr->col = ci;
         }
         Col *col = &cs->cols[ci];
         if (col->seen == c->record) col_rollback(col);
@@ -819,6 +951,21 @@ static int finish_record(Ctx *c, Cols *cs) {
     return 0;
 }
 
+/* Records of a dataset are alike: after a few, reserve what the whole call will need, so buffers
+ * do not grow by repeated doubling (each doubling copies and touches fresh pages). A wrong guess
+ * costs nothing in correctness; buffers still grow on demand. */
+static void presize(Cols *cs, int64_t done, int64_t nrec) {
+    double scale = (double)nrec / (double)done * 1.05;
+    for (int i = 0; i < cs->ncols; i++) {
+        Col *c = &cs->cols[i];
+        Buf *bufs[] = {&c->valid, &c->rowoff, &c->inner, &c->vals, &c->data};
+        for (int b = 0; b < 5; b++) {
+            size_t want = (size_t)((double)bufs[b]->len * scale) + 64;
+            if (want > bufs[b]->cap) buf_reserve(bufs[b], want - bufs[b]->len);
+        }
+    }
+}
+
 enum { R_EXAMPLE = 0, R_SEQUENCE = 1, R_BYTES = 2 };
 
 static int decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
@@ -843,6 +990,7 @@ static int decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_
             }
         }
         if (finish_record(c, cs)) return -1;
+        if (r == 7 && nrec > 64 && !cs->inspect) presize(cs, r + 1, nrec);
     }
     cs->nrecords = nrec;
     return 0;
