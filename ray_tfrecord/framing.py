@@ -211,7 +211,7 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
 
 def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
-                chunk_bytes: int = 8 << 20, size: int | None = None, compressed: bool = False
+                chunk_bytes: int = 2 << 20, size: int | None = None, compressed: bool = False
                 ) -> Iterator[RecordChunk]:
     """Yield chunks of whole records read from ``stream``, which is positioned at ``start``.
 
