@@ -76,7 +76,7 @@ def _leaf_kind(t: pa.DataType) -> int | None:
     if pa.types.is_floating(t):
         return _FLOAT
     if (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t)):
+            or pa.types.is_large_string(t) or pa.types.is_binary_view(t) or pa.types.is_string_view(t)):
         return _BYTES
     if pa.types.is_null(t):
         return _NULL
@@ -252,7 +252,9 @@ def _leaf_values(leaf: pa.Array, kind: int, column: str, allow_float64_narrowing
     if kind == _NULL:
         return None, None
     if kind == _BYTES:
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
+        if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
+            leaf = leaf.cast(pa.large_binary())
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
             leaf = leaf.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
         bufs = leaf.buffers()
         width = np.int64 if pa.types.is_large_binary(leaf.type) else np.int32

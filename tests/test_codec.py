@@ -389,13 +389,14 @@ def test_encode_converts_widths_and_bools():
         "h": pa.array([np.float16(0.5), np.float16(-1)], pa.float16()),
         "d": pa.array([0.25, 1e30 * 0 + 3.0], pa.float64()),
         "ls": pa.array([["x"], []], pa.large_list(pa.large_string())),
+        "sv": pa.array(["view", "v"], pa.string_view()),
     })
     enc = codec.encode(batch)
     chunk = next(iter_chunks(io.BytesIO(bytes(enc.data)), path="m"))
     got = ref.decode_example(bytes(chunk.record(0)))
     assert got == {"i8": ("int64_list", [-1]), "u32": ("int64_list", [2**32 - 1]), "u64": ("int64_list", [2**63 - 1]),
                    "b": ("int64_list", [1]), "h": ("float_list", [0.5]), "d": ("float_list", [0.25]),
-                   "ls": ("bytes_list", [b"x"])}
+                   "ls": ("bytes_list", [b"x"]), "sv": ("bytes_list", [b"view"])}
 
 
 def test_sliced_batches_encode_their_own_rows():
