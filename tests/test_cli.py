@@ -1,0 +1,98 @@
+"""The ray-tfrecord console script: inspect, verify, index, convert."""
+
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from ray_tfrecord.cli import main
+from ray_tfrecord.index import RecordIndex, index_path
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _write(path, n, start=0):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(start, start + n):
+            ex = tf.train.Example()
+            ex.features.feature["id"].int64_list.value.append(i)
+            ex.features.feature["text"].bytes_list.value.append(b"row%d" % i)
+            w.write(ex.SerializeToString())
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "ds"
+    _write(root / "split=train" / "part-0.tfrecord", 30)
+    _write(root / "split=test" / "part-0.tfrecord", 10, start=30)
+    (root / "_SUCCESS").write_bytes(b"")
+    return root
+
+
+def test_inspect(ray_local, dataset, capsys):
+    assert main(["inspect", str(dataset), "--rows", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "files: 2" in out
+    assert "split: string (2 values: 'test', 'train')" in out
+    assert "id: int64" in out and "text: binary" in out
+    assert "records: 40" in out
+    assert out.count('"id":') == 2
+
+
+def test_verify_reports_bad_offsets(ray_local, dataset, capsys):
+    assert main(["verify", str(dataset)]) == 0
+    assert "40 good records, 0 corrupt" in capsys.readouterr().out
+
+    bad = dataset / "split=train" / "part-0.tfrecord"
+    data = bytearray(bad.read_bytes())
+    pos = 0
+    for _ in range(3):  # header offset of record 3
+        pos += 16 + struct.unpack_from("<Q", data, pos)[0]
+    data[pos + 14] ^= 0x01
+    bad.write_bytes(bytes(data))
+    assert main(["verify", str(dataset)]) == 1
+    out = capsys.readouterr().out
+    assert f"CORRUPT {bad} offset {pos}: " in out
+    assert "39 good records, 1 corrupt" in out
+
+
+def test_index_writes_sidecars(ray_local, dataset, capsys):
+    assert main(["index", str(dataset), "--spacing", "100"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("indexed: ") == 2
+    f = dataset / "split=train" / "part-0.tfrecord"
+    index = RecordIndex.from_bytes(open(index_path(str(f)), "rb").read(), path="x")
+    assert index.num_records == 30 and len(index.offsets) > 1
+
+
+def test_convert_parquet_partitioned(ray_local, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"day": [1, 1, 2, 3], "v": [0.1, 1.5, 2.5, 3.5], "s": ["a", "b", "c", "d"]}), src)
+    dst = tmp_path / "out"
+    argv = ["convert", str(src), str(dst), "--partition-by", "day", "--compression", "gzip"]
+    # 0.1 has no exact float32 form: refused unless narrowing is allowed.
+    assert main(argv) == 2
+    assert "v" in capsys.readouterr().err
+    assert main(argv + ["--allow-float64-narrowing"]) == 0
+    assert "wrote 4 records" in capsys.readouterr().out
+    assert sorted(os.listdir(dst)) == ["_SUCCESS", "day=1", "day=2", "day=3"]
+    (f,) = os.listdir(dst / "day=2")
+    (rec,) = list(tf.data.TFRecordDataset(str(dst / "day=2" / f), compression_type="GZIP"))
+    ex = tf.train.Example.FromString(rec.numpy())
+    assert ex.features.feature["s"].bytes_list.value == [b"c"]
+    assert np.isclose(ex.features.feature["v"].float_list.value[0], 2.5)
+
+
+def test_console_script_entry_point():
+    script = os.path.join(os.path.dirname(sys.executable), "ray-tfrecord")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for command in ("inspect", "verify", "convert", "index"):
+        assert command in result.stdout

@@ -1,0 +1,243 @@
+"""TFRecordDatasink: TensorFlow parses what we write, partitioned layout, save modes,
+staged commit (nothing visible from failed or killed writes), file sizing, sidecars."""
+
+import os
+import re
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+import ray
+import ray.cloudpickle
+import tensorflow as tf
+from ray.data._internal.execution.interfaces import TaskContext
+
+from ray_tfrecord import SchemaError, read_tfrecords, write_tfrecords
+from ray_tfrecord.datasink import TFRecordDatasink
+from ray_tfrecord.index import RecordIndex, build_index, index_path
+
+pytestmark = pytest.mark.timeout(300)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PART_NAME = re.compile(r"part-\d{5}-[0-9a-f]{32}\.tfrecord(\.gz|\.zlib)?")
+
+
+def visible_files(root) -> list:
+    """Data files a Hadoop-convention reader would see (no '.'/'_' names)."""
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(("_", "."))]
+        out += [os.path.join(d, f) for f in files if not f.startswith(("_", "."))]
+    return sorted(out)
+
+
+def words_dataset():
+    numbers = [1, 2, 8]
+    return ray.data.from_items(
+        [{"number": numbers[n % 3], "word": f"word{n}"} for n in range(60)], override_num_blocks=4
+    )
+
+
+def test_seed_example_partitioned_round_trip(ray_local, tmp_path):
+    out = tmp_path / "words"
+    result = write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "number=1", "number=2", "number=8"]
+    files = visible_files(out)
+    assert files and all(PART_NAME.fullmatch(os.path.basename(f)) for f in files)
+    assert result.num_rows == 60 and sorted(result.files) == files
+
+    # Partition columns are not in the records...
+    for f in files:
+        for rec in tf.data.TFRecordDataset(f):
+            ex = tf.train.Example.FromString(rec.numpy())
+            assert set(ex.features.feature) == {"word"}
+    # ...and come back, typed, from the directory names.
+    back = read_tfrecords(str(out), schema=pa.schema([("word", pa.string())]))
+    assert back.schema().base_schema == pa.schema([("word", pa.string()), ("number", pa.int64())])
+    expected = sorted(words_dataset().take_all(), key=lambda r: r["word"])
+    assert sorted(back.take_all(), key=lambda r: r["word"]) == expected
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "zlib"])
+def test_tensorflow_parses_what_we_write(ray_local, tmp_path, compression):
+    rng = np.random.default_rng(0)
+    n = 200
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "small": pa.array(rng.integers(-100, 100, n), pa.int32()),
+            "flag": pa.array([i % 2 == 0 for i in range(n)]),
+            "score": pa.array(rng.standard_normal(n), pa.float32()),
+            "text": pa.array([f"t{i}" for i in range(n)]),
+            "blob": pa.array([bytes([i % 256]) * (i % 5) for i in range(n)], pa.binary()),
+            "tokens": pa.array([list(range(i % 4)) for i in range(n)], pa.list_(pa.int64())),
+            "emb": pa.array(rng.standard_normal((n, 3)).astype(np.float32).tolist(), pa.list_(pa.float32(), 3)),
+        }
+    )
+    out = tmp_path / "typed"
+    write_tfrecords(ray.data.from_arrow(table), str(out), compression=compression)
+    files = visible_files(out)
+    assert {f.endswith({None: ".tfrecord", "gzip": ".gz", "zlib": ".zlib"}[compression]) for f in files} == {True}
+    spec = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "small": tf.io.FixedLenFeature([], tf.int64),
+        "flag": tf.io.FixedLenFeature([], tf.int64),
+        "score": tf.io.FixedLenFeature([], tf.float32),
+        "text": tf.io.FixedLenFeature([], tf.string),
+        "blob": tf.io.FixedLenFeature([], tf.string),
+        "tokens": tf.io.RaggedFeature(tf.int64),
+        "emb": tf.io.FixedLenFeature([3], tf.float32),
+    }
+    tf_ds = tf.data.TFRecordDataset(files, compression_type={None: "", "gzip": "GZIP", "zlib": "ZLIB"}[compression])
+    got = {k: [] for k in spec}
+    for batch in tf_ds.batch(64):
+        parsed = tf.io.parse_example(batch, spec)
+        for k in spec:
+            got[k] += parsed[k].to_list() if k == "tokens" else parsed[k].numpy().tolist()
+    order = np.argsort(got["id"])
+    col = lambda k: [got[k][i] for i in order]  # noqa: E731
+    assert col("id") == list(range(n))
+    assert col("small") == table["small"].to_pylist()
+    assert col("flag") == [int(v) for v in table["flag"].to_pylist()]
+    assert col("score") == table["score"].to_pylist()
+    assert col("text") == [t.encode() for t in table["text"].to_pylist()]
+    assert col("blob") == table["blob"].to_pylist()
+    assert col("tokens") == table["tokens"].to_pylist()
+    assert col("emb") == table["emb"].to_pylist()
+
+
+def test_save_modes(ray_local, tmp_path):
+    out = str(tmp_path / "modes")
+    first = ray.data.from_items([{"x": i} for i in range(10)])
+    write_tfrecords(first, out)
+    before = visible_files(out)
+
+    with pytest.raises(ValueError, match="already exists"):
+        write_tfrecords(first, out)
+    with pytest.raises(ValueError, match="already exists"):
+        first.write_datasink(TFRecordDatasink(out))
+
+    ignored = write_tfrecords(ray.data.from_items([{"x": 99}]), out, mode="ignore")
+    assert ignored.skipped and visible_files(out) == before
+
+    write_tfrecords(ray.data.from_items([{"x": i} for i in range(10, 15)]), out, mode="append")
+    assert sorted(r["x"] for r in read_tfrecords(out).take_all()) == list(range(15))
+    assert set(before) < set(visible_files(out))
+
+    write_tfrecords(ray.data.from_items([{"x": -1}]), out, mode="overwrite")
+    assert [r["x"] for r in read_tfrecords(out).take_all()] == [-1]
+    assert not set(before) & set(visible_files(out))
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", os.path.basename(visible_files(out)[0]),
+                                               "." + os.path.basename(visible_files(out)[0]) + ".idx"])
+
+
+def test_overwrite_partitioned_removes_old_partitions(ray_local, tmp_path):
+    out = tmp_path / "parts"
+    write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
+    new = ray.data.from_items([{"number": 2, "word": "fresh"}])
+    write_tfrecords(new, str(out), partition_cols=["number"], mode="overwrite")
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "number=2"]
+    rows = read_tfrecords(str(out), schema=pa.schema([("word", pa.string())])).take_all()
+    assert rows == [{"word": "fresh", "number": 2}]
+
+
+def _failing_dataset(n_ok: int):
+    def explode(batch):
+        if batch["x"].max() >= n_ok:
+            raise RuntimeError("boom")
+        return batch
+
+    return ray.data.from_items([{"x": i} for i in range(40)], override_num_blocks=4).map_batches(
+        explode, batch_size=10
+    )
+
+
+def test_failed_write_leaves_nothing_visible(ray_local, tmp_path):
+    out = tmp_path / "failed"
+    with pytest.raises(Exception, match="boom"):
+        write_tfrecords(_failing_dataset(20), str(out))
+    assert not out.exists() or os.listdir(out) == []
+
+    # A failed overwrite keeps the old dataset intact.
+    write_tfrecords(ray.data.from_items([{"x": 7}]), str(out))
+    with pytest.raises(Exception, match="boom"):
+        write_tfrecords(_failing_dataset(20), str(out), mode="overwrite")
+    assert [r["x"] for r in read_tfrecords(str(out)).take_all()] == [7]
+    assert "_temporary" not in os.listdir(out)
+
+
+def test_killed_write_is_invisible(ray_local, tmp_path):
+    """A write killed after its tasks wrote files but before the commit."""
+    out = tmp_path / "killed"
+    write_tfrecords(ray.data.from_items([{"x": 1}, {"x": 2}]), str(out))
+    sink = TFRecordDatasink(str(out), mode="overwrite")
+    sink.on_write_start(pa.schema([("x", pa.int64())]))
+    staged = sink.write([pa.table({"x": list(range(100, 150))})], TaskContext(task_idx=0, op_name="Write"))
+    assert staged["files"]  # files exist, in staging
+    assert sorted(r["x"] for r in read_tfrecords(str(out)).take_all()) == [1, 2]
+    assert os.path.isdir(out / "_temporary")
+
+
+def test_file_sizing_and_index_sidecars(ray_local, tmp_path):
+    rows = [{"id": i, "payload": b"p" * (i % 50)} for i in range(500)]
+    out = tmp_path / "sized"
+    result = write_tfrecords(
+        ray.data.from_items(rows, override_num_blocks=1), str(out), max_rows_per_file=120
+    )
+    files = visible_files(out)
+    counts = sorted(sum(1 for _ in tf.data.TFRecordDataset(f)) for f in files)
+    assert counts == [20, 120, 120, 120, 120] and result.num_files == 5
+    fs = pafs.LocalFileSystem()
+    for f in files:
+        sidecar = open(index_path(f), "rb").read()
+        assert len(sidecar) < 200  # sparse: a few checkpoints, not one per record
+        index = RecordIndex.from_bytes(sidecar, path=f)
+        rebuilt = build_index(fs, f)
+        assert index.num_records == rebuilt.num_records
+        assert index.offsets.tolist() == rebuilt.offsets.tolist()
+        assert index.matches(os.path.getsize(f), *_ends(f))
+
+    by_size = tmp_path / "by_size"
+    write_tfrecords(ray.data.from_items(rows, override_num_blocks=1), str(by_size), target_file_size=4000)
+    sizes = [os.path.getsize(f) for f in visible_files(by_size)]
+    assert len(sizes) > 3
+    assert all(s >= 4000 for s in sizes[:-1]) or sizes.count(min(sizes)) == 1
+    assert max(sizes) < 4000 + 200  # at most one record beyond the target
+    assert sorted(r["id"] for r in read_tfrecords(str(by_size)).take_all()) == list(range(500))
+
+    gz = tmp_path / "gz"
+    write_tfrecords(ray.data.from_items(rows), str(gz), compression="gzip")
+    assert not any(f.endswith(".idx") for f in os.listdir(gz))
+
+
+def _ends(path):
+    data = open(path, "rb").read()
+    return data[:4096], data[-4096:]
+
+
+def test_unencodable_schema_fails_before_writing(ray_local, tmp_path):
+    out = tmp_path / "bad"
+    ds = ray.data.from_arrow(pa.table({"when": pa.array([1, 2], pa.timestamp("s"))}))
+    with pytest.raises(SchemaError, match="when"):
+        write_tfrecords(ds, str(out))
+    assert not out.exists()
+    with pytest.raises(ValueError, match="partition_cols"):
+        write_tfrecords(words_dataset(), str(tmp_path / "p"), partition_cols=["nope"])
+
+
+def test_byte_array_round_trip_and_null_partition(ray_local, tmp_path):
+    payloads = [bytes([i]) * i for i in range(1, 30)]
+    out = tmp_path / "raw"
+    write_tfrecords(ray.data.from_items([{"record": p} for p in payloads]), str(out), record_type="ByteArray")
+    assert sorted(t.numpy() for f in visible_files(out) for t in tf.data.TFRecordDataset(f)) == sorted(payloads)
+
+    nulls = tmp_path / "nulls"
+    ds = ray.data.from_items([{"k": None, "v": 1}, {"k": "a/b", "v": 2}])
+    write_tfrecords(ds, str(nulls), partition_cols=["k"])
+    assert sorted(os.listdir(nulls)) == ["_SUCCESS", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb"]
+    assert sorted(read_tfrecords(str(nulls)).take_all(), key=lambda r: r["v"]) == [
+        {"v": 1, "k": None},
+        {"v": 2, "k": "a/b"},
+    ]

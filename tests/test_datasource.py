@@ -1,0 +1,487 @@
+"""TFRecordDatasource: TensorFlow-written files, compression, corruption, splitting,
+partitions (with proof that pruned files are never opened), listing options."""
+
+import os
+import struct
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+import ray
+import ray.cloudpickle
+import tensorflow as tf
+from ray.data import FileShuffleConfig
+from ray.data.context import DataContext
+from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
+
+from ray_tfrecord import read_tfrecords
+from ray_tfrecord.datasource import TFRecordDatasource
+from ray_tfrecord.index import build_index, index_path, write_index
+
+pytestmark = pytest.mark.timeout(300)
+
+# Read tasks run in worker processes that cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+FEATURES = {
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "label": tf.io.FixedLenFeature([], tf.float32),
+    "name": tf.io.FixedLenFeature([], tf.string),
+    "emb": tf.io.FixedLenFeature([3], tf.float32),
+    "tokens": tf.io.VarLenFeature(tf.int64),
+}
+
+
+def make_example(i: int, rng: np.random.Generator, pad: int = 0) -> bytes:
+    f = tf.train.Feature
+    ex = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "id": f(int64_list=tf.train.Int64List(value=[i])),
+                "label": f(float_list=tf.train.FloatList(value=[i / 4])),
+                "name": f(bytes_list=tf.train.BytesList(value=[b"n%d" % i + b"x" * pad])),
+                "emb": f(float_list=tf.train.FloatList(value=rng.standard_normal(3).tolist())),
+                "tokens": f(
+                    int64_list=tf.train.Int64List(
+                        value=rng.integers(0, 1000, int(rng.integers(0, 5))).tolist()
+                    )
+                ),
+            }
+        )
+    )
+    return ex.SerializeToString()
+
+
+def tf_write(path, records, compression: str = "") -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(str(path), options=compression or None) as w:
+        for r in records:
+            w.write(r)
+
+
+def tf_rows(paths, compression: str = "") -> list:
+    """Rows as tf.io.parse_example sees them, as Python values."""
+    ds = tf.data.TFRecordDataset([str(p) for p in paths], compression_type=compression)
+    rows = []
+    for batch in ds.batch(256):
+        parsed = tf.io.parse_example(batch, FEATURES)
+        tokens = tf.sparse.to_dense(parsed["tokens"]).numpy()
+        lengths = tf.math.bincount(
+            tf.cast(parsed["tokens"].indices[:, 0], tf.int32), minlength=len(batch)
+        ).numpy()
+        for k in range(len(batch)):
+            rows.append(
+                {
+                    "id": int(parsed["id"][k]),
+                    "label": float(parsed["label"][k]),
+                    "name": parsed["name"][k].numpy(),
+                    "emb": parsed["emb"][k].numpy().tolist(),
+                    "tokens": tokens[k, : lengths[k]].tolist(),
+                }
+            )
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def our_rows(ds) -> list:
+    rows = []
+    for r in ds.take_all():
+        r = dict(r)
+        for k in ("emb", "tokens"):
+            if k in r and r[k] is not None:
+                r[k] = [float(v) if k == "emb" else int(v) for v in r[k]]
+        rows.append(r)
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def frame_offsets(path) -> list:
+    """Header offsets of every record, by walking the length fields."""
+    data = open(path, "rb").read()
+    offsets, pos = [], 0
+    while pos < len(data):
+        offsets.append(pos)
+        (length,) = struct.unpack_from("<Q", data, pos)
+        pos += 16 + length
+    return offsets
+
+
+@pytest.fixture
+def tf_files(tmp_path):
+    """Three TensorFlow-written files: plain, GZIP, ZLIB (ids 0..299)."""
+    rng = np.random.default_rng(0)
+    records = [make_example(i, rng) for i in range(300)]
+    paths = {
+        "": tmp_path / "data" / "a.tfrecord",
+        "GZIP": tmp_path / "data" / "b.tfrecord.gz",
+        "ZLIB": tmp_path / "data" / "c",
+    }
+    for k, (comp, p) in enumerate(paths.items()):
+        tf_write(p, records[k * 100 : (k + 1) * 100], comp)
+    return paths
+
+
+def test_reads_tensorflow_files_as_parse_example_sees_them(ray_local, tf_files):
+    expected = []
+    for comp, p in tf_files.items():
+        expected += tf_rows([p], comp)
+    expected.sort(key=lambda r: r["id"])
+
+    ds = read_tfrecords(str(next(iter(tf_files.values())).parent))
+    assert ds.schema().base_schema == pa.schema(
+        [
+            ("emb", pa.list_(pa.float32())),
+            ("id", pa.int64()),
+            ("label", pa.float32()),
+            ("name", pa.binary()),
+            ("tokens", pa.list_(pa.int64())),
+        ]
+    )
+    assert our_rows(ds) == expected
+    assert len(expected) == 300
+
+
+def test_columns_projection_and_select_pushdown(ray_local, tf_files):
+    directory = str(tf_files[""].parent)
+    ds = read_tfrecords(directory, columns=["label", "id"])
+    assert ds.schema().names == ["label", "id"]
+    rows = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert rows[7] == {"label": 7 / 4, "id": 7}
+
+    pushed = read_tfrecords(directory).select_columns(["name", "id"])
+    assert pushed.schema().names == ["name", "id"]
+    assert sorted(pushed.take_all(), key=lambda r: r["id"])[5] == {"name": b"n5", "id": 5}
+    assert read_tfrecords(directory).count() == 300
+
+    with pytest.raises(ValueError, match="Unknown columns"):
+        read_tfrecords(directory, columns=["nope"])
+
+
+def test_explicit_schema_and_compression_override(ray_local, tf_files):
+    schema = pa.schema([("id", pa.int32()), ("name", pa.string())])
+    ds = read_tfrecords(str(tf_files["GZIP"]), schema=schema, compression="gzip")
+    assert ds.schema().base_schema == schema
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(100, 200))
+    assert ds.take(1)[0]["name"].startswith("n")
+
+    # Forcing the wrong compression is an error naming the file, not garbage rows.
+    with pytest.raises(Exception, match="c"):
+        read_tfrecords(str(tf_files["ZLIB"]), schema=schema, compression="gzip").take_all()
+    with pytest.raises(Exception, match=r"b\.tfrecord\.gz"):
+        read_tfrecords(str(tf_files["GZIP"]), schema=schema, compression=None).take_all()
+
+
+def _flip_byte_in_record(path, record: int) -> int:
+    offsets = frame_offsets(path)
+    data = bytearray(open(path, "rb").read())
+    data[offsets[record] + 12 + 5] ^= 0xFF  # inside the payload: the data CRC fails
+    open(path, "wb").write(bytes(data))
+    return offsets[record]
+
+
+def test_flipped_byte_raise_names_file_and_offset(ray_local, tf_files):
+    path = tf_files[""]
+    offset = _flip_byte_in_record(path, 42)
+    with pytest.raises(Exception) as info:
+        read_tfrecords(str(path), schema=pa.schema([("id", pa.int64())])).take_all()
+    assert str(path) in str(info.value) and f"offset {offset}" in str(info.value)
+    # TensorFlow agrees the file is damaged.
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(str(path)))
+
+
+def test_flipped_byte_skip_loses_exactly_that_record(ray_local, tf_files):
+    path = tf_files[""]
+    offset = _flip_byte_in_record(path, 42)
+    source = TFRecordDatasource(str(path), on_corrupt="skip", schema=pa.schema([("id", pa.int64())]))
+    ds = ray.data.read_datasource(source)
+    assert sorted(r["id"] for r in ds.take_all()) == [i for i in range(100) if i != 42]
+    report = source.corruption_report()
+    assert report.count == 1
+    assert report.samples[0][:2] == (str(path), offset)
+    # Executing again re-reads the range; the count must not double.
+    assert ds.count() == 99
+    assert source.corruption_report().count == 1
+
+
+def test_truncated_file(ray_local, tf_files):
+    path = tf_files[""]
+    last = frame_offsets(path)[-1]
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 7)
+    schema = pa.schema([("id", pa.int64())])
+    with pytest.raises(Exception, match=f"offset {last}"):
+        read_tfrecords(str(path), schema=schema).take_all()
+    source = TFRecordDatasource(str(path), schema=schema, on_corrupt="skip")
+    assert sorted(r["id"] for r in ray.data.read_datasource(source).take_all()) == list(range(99))
+    assert source.corruption_report().count == 1
+
+
+def test_truncated_gzip_file_raises_naming_file(ray_local, tf_files):
+    path = tf_files["GZIP"]
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(Exception, match=r"b\.tfrecord\.gz"):
+        read_tfrecords(str(path), schema=pa.schema([("id", pa.int64())])).take_all()
+
+
+@pytest.fixture
+def big_file(tmp_path):
+    """~1.3 MB plain file of 3000 records of varied sizes (ids in order)."""
+    rng = np.random.default_rng(1)
+    records = [make_example(i, rng, pad=int(rng.integers(0, 800))) for i in range(3000)]
+    path = tmp_path / "big" / "big.tfrecord"
+    tf_write(path, records)
+    return path
+
+
+def _split_tasks(path, **kwargs):
+    source = TFRecordDatasource(str(path), columns=["id", "name"], **kwargs)
+    return source, source.get_read_tasks(7)
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_split_read_equals_whole_file_read(ray_local, big_file, monkeypatch, indexed):
+    whole = our_rows(read_tfrecords(str(big_file), columns=["id", "name"]))
+    assert [r["id"] for r in whole] == list(range(3000))
+    if indexed:
+        fs = pafs.LocalFileSystem()
+        write_index(fs, str(big_file), build_index(fs, str(big_file), spacing_bytes=4096))
+
+    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 64 << 10)
+    for parallelism in (3, 7, 40):
+        source = TFRecordDatasource(str(big_file), columns=["id", "name"])
+        tasks = source.get_read_tasks(parallelism)
+        assert len(tasks) >= min(parallelism, 3)
+        rows = [r for t in tasks for block in t() for r in block.to_pylist()]
+        # Exactly once each, in file order across tasks.
+        assert [r["id"] for r in rows] == list(range(3000))
+        counts = [t.metadata.num_rows for t in tasks]
+        if indexed:
+            assert counts == [sum(b.num_rows for b in t()) for t in tasks]
+        else:
+            assert counts == [None] * len(tasks)
+    split = our_rows(ray.data.read_datasource(source, override_num_blocks=7))
+    assert split == whole
+
+
+def test_stale_index_is_ignored(ray_local, big_file, tmp_path, monkeypatch):
+    fs = pafs.LocalFileSystem()
+    write_index(fs, str(big_file), build_index(fs, str(big_file), spacing_bytes=4096))
+    # Rewrite the file with different record sizes: the old offsets are no longer
+    # record boundaries, so trusting the index would raise a CRC error.
+    rng = np.random.default_rng(9)
+    tf_write(big_file, [make_example(i, rng, pad=int(rng.integers(0, 500))) for i in range(2000)])
+    assert os.path.exists(index_path(str(big_file)))
+    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 64 << 10)
+    source = TFRecordDatasource(str(big_file), columns=["id"])
+    tasks = source.get_read_tasks(5)
+    assert len(tasks) > 1 and all(t.metadata.num_rows is None for t in tasks)
+    assert [r["id"] for t in tasks for b in t() for r in b.to_pylist()] == list(range(2000))
+
+
+def test_compressed_files_are_whole_file_tasks(ray_local, tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "z" / "big.gz"
+    tf_write(path, [make_example(i, rng, pad=500) for i in range(1000)], "GZIP")
+    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 1 << 10)
+    source = TFRecordDatasource(str(path), columns=["id"])
+    tasks = source.get_read_tasks(8)
+    assert len(tasks) == 1
+    assert sorted(r["id"] for b in tasks[0]() for r in b.to_pylist()) == list(range(1000))
+
+
+def test_blocks_respect_target_max_block_size(ray_local, big_file):
+    ctx = DataContext.get_current()
+    old = ctx.target_max_block_size
+    ctx.target_max_block_size = 128 << 10
+    try:
+        source = TFRecordDatasource(str(big_file), columns=["id", "name"])
+        (task,) = source.get_read_tasks(1)
+        blocks = list(task())
+    finally:
+        ctx.target_max_block_size = old
+    assert len(blocks) > 5
+    assert max(b.nbytes for b in blocks) <= 128 << 10
+    assert sum(b.num_rows for b in blocks) == 3000
+
+
+class RecordingHandler(pafs.FileSystemHandler):
+    """A local filesystem that appends every opened path to a log file (read tasks
+    run in other processes, so the log has to be on disk)."""
+
+    def __init__(self, log: str):
+        self._fs = pafs.LocalFileSystem()
+        self._log = log
+
+    def _opened(self, path):
+        with open(self._log, "a") as f:
+            f.write(path + "\n")
+
+    def __eq__(self, other):
+        return isinstance(other, RecordingHandler) and other._log == self._log
+
+    def __ne__(self, other):
+        return not self == other
+
+    def get_type_name(self):
+        return "recording"
+
+    def normalize_path(self, path):
+        return path
+
+    def get_file_info(self, paths):
+        return self._fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self._fs.get_file_info(selector)
+
+    def open_input_stream(self, path):
+        self._opened(path)
+        return self._fs.open_input_stream(path)
+
+    def open_input_file(self, path):
+        self._opened(path)
+        return self._fs.open_input_file(path)
+
+    def create_dir(self, path, recursive):
+        self._fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self._fs.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self._fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise NotImplementedError
+
+    def delete_file(self, path):
+        self._fs.delete_file(path)
+
+    def move(self, src, dest):
+        self._fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self._fs.copy_file(src, dest)
+
+    def open_output_stream(self, path, metadata):
+        return self._fs.open_output_stream(path)
+
+    def open_append_stream(self, path, metadata):
+        return self._fs.open_append_stream(path)
+
+
+@pytest.fixture
+def spark_layout(tmp_path):
+    """The layout Spark-TFRecord writes: key=value dirs, part files, _SUCCESS, and
+    Hadoop's hidden .crc files."""
+    rng = np.random.default_rng(3)
+    root = tmp_path / "spark"
+    i = 0
+    for year in (2020, 2021):
+        for code in ("007", "us"):
+            d = root / f"year={year}" / f"code={code}"
+            for part in range(2):
+                name = f"part-{part:05d}-3f1c2a.c000.tfrecord"
+                tf_write(d / name, [make_example(i + k, rng) for k in range(10)])
+                (d / f".{name}.crc").write_bytes(b"crc junk")
+                i += 10
+    (root / "_SUCCESS").write_bytes(b"")
+    return root
+
+
+def test_spark_layout_partitions_are_typed(ray_local, spark_layout):
+    ds = read_tfrecords(str(spark_layout), columns=["id", "year", "code"])
+    assert ds.schema().base_schema == pa.schema(
+        [("id", pa.int64()), ("year", pa.int64()), ("code", pa.string())]
+    )
+    rows = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert len(rows) == 80
+    assert rows[0] == {"id": 0, "year": 2020, "code": "007"}
+    assert rows[79] == {"id": 79, "year": 2021, "code": "us"}
+
+    explicit = read_tfrecords(
+        str(spark_layout),
+        columns=["id", "code"],
+        partitioning=Partitioning("hive", field_types={"code": str}),
+    )
+    assert explicit.schema().base_schema.field("code").type == pa.string()
+    none = read_tfrecords(str(spark_layout), partitioning=None)
+    assert "year" not in none.schema().names
+
+
+def test_partition_filter_never_opens_pruned_files(ray_local, spark_layout, tmp_path):
+    log = tmp_path / "opened.log"
+    fs = pafs.PyFileSystem(RecordingHandler(str(log)))
+    keep = PathPartitionFilter.of(lambda d: d["year"] == "2021" and d["code"] == "us")
+    ds = read_tfrecords(str(spark_layout), filesystem=fs, partition_filter=keep, columns=["id", "year"])
+    rows = ds.take_all()
+    assert sorted(r["id"] for r in rows) == list(range(60, 80))
+    opened = set(log.read_text().split())
+    assert opened, "the recording filesystem saw no opens: the test would prove nothing"
+    assert all("year=2021/code=us" in p for p in opened), opened
+    assert not any("year=2020" in p or "code=007" in p for p in opened)
+
+
+def test_include_paths_extensions_missing_and_shuffle(ray_local, tf_files, tmp_path):
+    directory = tf_files[""].parent
+    (directory / "notes.txt").write_text("not a tfrecord")
+    ds = read_tfrecords(str(directory), columns=["id", "path"], include_paths=True,
+                        file_extensions=["tfrecord", "gz"])
+    rows = ds.take_all()
+    assert {r["path"] for r in rows} == {str(tf_files[""]), str(tf_files["GZIP"])}
+    assert all((r["id"] < 100) == r["path"].endswith("a.tfrecord") for r in rows)
+
+    with pytest.raises(ValueError, match="file extensions"):
+        read_tfrecords(str(directory), file_extensions=["parquet"])
+    with pytest.raises(FileNotFoundError, match="missing"):
+        read_tfrecords([str(tf_files[""]), str(tmp_path / "missing")])
+    ok = read_tfrecords([str(tf_files[""]), str(tmp_path / "missing")], ignore_missing_paths=True)
+    assert ok.count() == 100
+
+    files = [str(p) for p in tf_files.values()]
+    for shuffle in ("files", FileShuffleConfig(seed=3)):
+        shuffled = read_tfrecords(files, columns=["id"], shuffle=shuffle)
+        assert sorted(r["id"] for r in shuffled.take_all()) == list(range(300))
+    source = TFRecordDatasource(files, columns=["id"], shuffle=FileShuffleConfig(seed=3))
+    orders = {tuple(t.metadata.input_files[0] for t in source.get_read_tasks(3)) for _ in range(2)}
+    assert len(orders) == 1  # a fixed seed gives a fixed order
+
+
+def test_sequence_example_and_byte_array(ray_local, tmp_path):
+    path = tmp_path / "seq" / "s.tfrecord"
+    payloads = []
+    for i in range(20):
+        ex = tf.train.SequenceExample()
+        ex.context.feature["id"].int64_list.value.append(i)
+        frames = ex.feature_lists.feature_list["frames"]
+        for t in range(i % 4):
+            frames.feature.add().float_list.value.extend([float(i), float(t)])
+        payloads.append(ex.SerializeToString())
+    tf_write(path, payloads)
+
+    rows = sorted(read_tfrecords(str(path), record_type="SequenceExample").take_all(),
+                  key=lambda r: r["id"])
+    for i, r in enumerate(rows):
+        context, lists = tf.io.parse_single_sequence_example(
+            payloads[i],
+            context_features={"id": tf.io.FixedLenFeature([], tf.int64)},
+            sequence_features={"frames": tf.io.FixedLenSequenceFeature([2], tf.float32)},
+        )
+        assert r["id"] == int(context["id"])
+        assert [list(map(float, f)) for f in r["frames"]] == lists["frames"].numpy().tolist()
+
+    raw = read_tfrecords(str(path), record_type="ByteArray")
+    assert raw.schema().names == ["record"]
+    assert [r["record"] for r in raw.take_all()] == [
+        t.numpy() for t in tf.data.TFRecordDataset(str(path))
+    ]
+
+
+def test_empty_listing_is_an_error(ray_local, tmp_path):
+    (tmp_path / "empty" / "_SUCCESS").parent.mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(ValueError, match="No TFRecord files"):
+        read_tfrecords(str(tmp_path / "empty"))
