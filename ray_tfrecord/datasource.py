@@ -197,6 +197,10 @@ class TFRecordDatasource(Datasource):
     _INFER_MAX_FILES = 32
     # Threads used to read heads/tails/indexes of large files while planning.
     _PLANNING_THREADS = 16
+    # Encoded bytes decoded per block: decoding into a few MiB at a time is ~1.5x faster
+    # than one huge buffer (fresh pages fault in as a large output grows), and image-like
+    # data grows ~5x when decoded, which still leaves blocks well under Ray's target size.
+    _CHUNK_BYTES = 4 << 20
 
     def __init__(
         self,
@@ -414,7 +418,7 @@ class TFRecordDatasource(Datasource):
             compression=self._compression,
             verify_crc=self._verify_crc,
             on_corrupt=self._on_corrupt,
-            chunk_bytes=int(min(target, 256 << 20)),
+            chunk_bytes=int(min(target, self._CHUNK_BYTES)),
             ledger=self._ledger,
         )
 
@@ -515,9 +519,9 @@ def _to_block(chunk, r: _FileRange, config: _ReadConfig) -> pa.Table:
     table = pa.Table.from_batches([decode(chunk, config.file_schema, config.record_type)])
     values = dict(r.partitions)
     for f in config.partition_schema:
-        table = table.append_column(f, pa.array([values.get(f.name)] * n, type=f.type))
+        table = table.append_column(f, pa.repeat(pa.scalar(values.get(f.name), f.type), n))
     if config.include_path:
-        table = table.append_column(PATH_COLUMN, pa.array([r.path] * n, pa.string()))
+        table = table.append_column(PATH_COLUMN, pa.repeat(pa.scalar(r.path, pa.string()), n))
     table = table.select(list(config.output_names))
     if table.num_columns == 0:
         # Ray counts a column-less table as empty; its stub column keeps the rows
