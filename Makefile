@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench fuzz clean
+.PHONY: demo test bench clean
 
 $(STAMP): pyproject.toml setup.py ray_tfrecord/_native.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+include fuzz.mk
 
 clean:
 	rm -rf $(VENV) build *.egg-info ray_tfrecord/*.so

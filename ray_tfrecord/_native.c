@@ -66,6 +66,14 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const ui
 
 static uint32_t (*crc32c_update)(uint32_t, const uint8_t *, size_t) = crc32c_sw;
 
+static void crc_init(void) {
+    crc_init_table();
+#ifdef HAVE_HW_CRC
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) crc32c_update = crc32c_hw;
+#endif
+}
+
 static inline uint32_t masked_crc(const uint8_t *p, size_t n) {
     uint32_t c = crc32c_update(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
     return ((c >> 15) | (c << 17)) + 0xa282ead8u;
@@ -82,8 +90,9 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
+/* Afterwards b->p is never NULL, so callers may form b->p + b->len even to write nothing. */
 static int buf_reserve(Buf *b, size_t extra) {
-    if (extra <= b->cap - b->len) return 0;
+    if (extra <= b->cap - b->len && b->p) return 0;
     if (extra > SIZE_MAX / 4 - b->len) return -1;
     size_t want = b->len + extra, cap = b->cap ? b->cap : 256;
     while (cap < want) cap *= 2;
@@ -197,24 +206,25 @@ static int plausible_boundary(const uint8_t *buf, size_t n, size_t q, int final,
     return masked_crc(buf + q + 12, (size_t)len) == rd32(buf + q + 12 + len);
 }
 
-static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"buffer", "verify", "final", "skip", "limit", "resync", NULL};
-    Py_buffer view;
-    int verify = 1, final = 1, skip = 0, resync = 0;
-    long long limit = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|pppLp", kwlist, &view, &verify, &final, &skip, &limit, &resync))
-        return NULL;
-    const uint8_t *buf = view.buf;
-    size_t n = (size_t)view.len;
-    size_t lim = limit < 0 ? n : (size_t)limit;
-    Buf pos = {0}, lens = {0};
-    FrameErr errs[64];
+typedef struct {
+    int verify, final, skip, resync; /* in: the options of scan() */
+    size_t limit;                    /* in: no record may start at or after this offset */
+    Buf pos, lens;                   /* out: record header offsets and payload lengths (int64) */
+    FrameErr errs[64];               /* out: the first defects found */
+    int nerr, oom, resyncing;
+    int64_t nerr_total;
+    size_t consumed, need;
+} Scan;
+
+/* The framing scan over buf[0, n): pure C, so the fuzz harness can call it without Python. */
+static void scan_core(Scan *s, const uint8_t *buf, size_t n) {
+    const int final = s->final, skip = s->skip;
+    const size_t lim = s->limit;
+    FrameErr *errs = s->errs;
     int nerr = 0;
     int64_t nerr_total = 0;
     size_t p = 0, need = 0;
-    int resyncing = resync, oom = 0;
-
-    Py_BEGIN_ALLOW_THREADS
+    int resyncing = s->resync, oom = 0;
     while (p < n && p < lim) {
         if (resyncing) {
             size_t q = p, found = 0;
@@ -270,7 +280,7 @@ static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
             resyncing = 1;
             continue;
         }
-        if (verify && masked_crc(buf + p + 12, (size_t)len) != rd32(buf + p + 12 + len)) {
+        if (s->verify && masked_crc(buf + p + 12, (size_t)len) != rd32(buf + p + 12 + len)) {
             if (nerr < 64) errs[nerr++] = (FrameErr){(int64_t)p, F_BAD_DATA_CRC, (int64_t)len, 0};
             nerr_total++;
             if (!skip) break;
@@ -278,48 +288,69 @@ static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
             p += 16 + (size_t)len;
             continue;
         }
-        if (buf_reserve(&pos, 8) || buf_reserve(&lens, 8)) {
+        if (buf_reserve(&s->pos, 8) || buf_reserve(&s->lens, 8)) {
             oom = 1;
             break;
         }
         int64_t ip = (int64_t)p, il = (int64_t)len;
-        memcpy(pos.p + pos.len, &ip, 8);
-        memcpy(lens.p + lens.len, &il, 8);
-        pos.len += 8;
-        lens.len += 8;
+        memcpy(s->pos.p + s->pos.len, &ip, 8);
+        memcpy(s->lens.p + s->lens.len, &il, 8);
+        s->pos.len += 8;
+        s->lens.len += 8;
         p += 16 + (size_t)len;
     }
+    s->nerr = nerr;
+    s->nerr_total = nerr_total;
+    s->consumed = p;
+    s->need = need;
+    s->resyncing = resyncing;
+    s->oom = oom;
+}
+
+static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"buffer", "verify", "final", "skip", "limit", "resync", NULL};
+    Py_buffer view;
+    Scan s = {.verify = 1, .final = 1};
+    long long limit = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|pppLp", kwlist, &view, &s.verify, &s.final, &s.skip, &limit,
+                                     &s.resync))
+        return NULL;
+    s.limit = limit < 0 ? (size_t)view.len : (size_t)limit;
+
+    Py_BEGIN_ALLOW_THREADS
+    scan_core(&s, view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&view);
-    if (oom) {
-        free(pos.p);
-        free(lens.p);
+    if (s.oom) {
+        free(s.pos.p);
+        free(s.lens.p);
         return PyErr_NoMemory();
     }
-    PyObject *errlist = PyList_New(nerr);
+    PyObject *errlist = PyList_New(s.nerr);
     if (!errlist) goto fail;
-    for (int i = 0; i < nerr; i++) {
-        PyObject *t = Py_BuildValue("(iLLL)", errs[i].code, (long long)errs[i].pos, (long long)errs[i].a, (long long)errs[i].b);
+    for (int i = 0; i < s.nerr; i++) {
+        const FrameErr *e = &s.errs[i];
+        PyObject *t = Py_BuildValue("(iLLL)", e->code, (long long)e->pos, (long long)e->a, (long long)e->b);
         if (!t) {
             Py_DECREF(errlist);
             goto fail;
         }
         PyList_SET_ITEM(errlist, i, t);
     }
-    PyObject *po = buf_to_py(&pos), *lo = buf_to_py(&lens);
+    PyObject *po = buf_to_py(&s.pos), *lo = buf_to_py(&s.lens);
     if (!po || !lo) {
         Py_XDECREF(po);
         Py_XDECREF(lo);
         Py_DECREF(errlist);
         return NULL;
     }
-    return Py_BuildValue("(NNnNLnO)", po, lo, (Py_ssize_t)p, errlist, (long long)nerr_total,
-                         (Py_ssize_t)(need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : need),
-                         resyncing ? Py_True : Py_False);
+    return Py_BuildValue("(NNnNLnO)", po, lo, (Py_ssize_t)s.consumed, errlist, (long long)s.nerr_total,
+                         (Py_ssize_t)(s.need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : s.need),
+                         s.resyncing ? Py_True : Py_False);
 fail:
-    free(pos.p);
-    free(lens.p);
+    free(s.pos.p);
+    free(s.lens.p);
     return NULL;
 }
 
@@ -539,6 +570,21 @@ static int col_init_buffers(Col *c) {
     return 0;
 }
 
+/* Sets up a decode column from its spec (name, kind, shape, fixed_n, section).
+ * Returns 0, -1 for a spec decode cannot honour, -2 when out of memory. */
+static int col_setup(Col *c, const uint8_t *name, Py_ssize_t name_len, int kind, int shape, int64_t fixed_n, int section) {
+    if (kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
+        (kind == K_NULL && shape != S_LIST && shape != S_SEQ))
+        return -1;
+    c->name = name;
+    c->name_len = name_len;
+    c->kind = kind;
+    c->shape = shape;
+    c->fixed_n = fixed_n;
+    c->section = section;
+    return col_init_buffers(c) ? -2 : 0;
+}
+
 /* Inspect mode: a feature seen for the first time becomes a column. */
 static int add_col(Cols *cs, const uint8_t *k, Py_ssize_t n, int section) {
     if (cs->ncols == cs->cap) {
@@ -557,7 +603,7 @@ static int add_col(Cols *cs, const uint8_t *k, Py_ssize_t n, int section) {
     c->shape = section ? S_SEQ : S_LIST;
     col_init_buffers(c);
     cs->ncols++;
-    if ((uint32_t)cs->ncols * 2 + 2 > cs->tmask + 1) return table_build(cs);
+    if ((uint32_t)cs->ncols * 2 + 2 > cs->tmask + 1) return table_build(cs) ? -1 : cs->ncols - 1;
     uint32_t h = (uint32_t)hash_key(k, n, section) & cs->tmask;
     while (cs->table[h] >= 0) h = (h + 1) & cs->tmask;
     cs->table[h] = cs->ncols - 1;
@@ -1062,21 +1108,16 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < ncols; i++) {
         Col *c = &cs.cols[i];
         PyObject *name;
+        int kind, shape, section;
         long long fixed_n;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "SiiLi", &name, &c->kind, &c->shape, &fixed_n, &c->section))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "SiiLi", &name, &kind, &shape, &fixed_n, &section))
             goto done;
-        if (c->kind < K_BYTES || c->kind > K_NULL || c->shape < S_SCALAR || c->shape > S_SEQ || fixed_n < 0 ||
-            (c->kind == K_NULL && c->shape != S_LIST && c->shape != S_SEQ)) {
-            PyErr_SetString(PyExc_ValueError, "invalid column spec");
-            goto done;
-        }
-        c->name = (const uint8_t *)PyBytes_AS_STRING(name);
-        c->name_len = PyBytes_GET_SIZE(name);
+        int rc = col_setup(c, (const uint8_t *)PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), kind, shape, fixed_n, section);
         c->name_obj = name;
-        c->fixed_n = fixed_n;
-        cs.ncols++;
-        if (col_init_buffers(c)) {
-            PyErr_NoMemory();
+        cs.ncols++; /* whatever col_setup allocated is freed with the rest */
+        if (rc) {
+            if (rc == -1) PyErr_SetString(PyExc_ValueError, "invalid column spec");
+            else PyErr_NoMemory();
             goto done;
         }
     }
@@ -1215,13 +1256,18 @@ static PyObject *py_byte_array(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------------------------------ */
 /* Encode                                                                                      */
 
+/* Memory lent by the caller (a Py_buffer's, or the fuzz harness's). */
 typedef struct {
-    PyObject *name;
+    const void *buf;
+    Py_ssize_t len;
+} Mem;
+
+typedef struct {
     const uint8_t *key;
     size_t key_len;
     int kind, shape;
-    Py_buffer valid, rowoff, inner, vals, data;
-    int has_valid, has_rowoff, has_inner, has_data;
+    Mem valid, rowoff, inner, vals, data;
+    int has_valid, has_rowoff, has_inner, has_vals, has_data;
     int64_t valid_off;
     int64_t nrowoff, ninner, nvals, ndata; /* element counts of the buffers */
 } ECol;
@@ -1362,13 +1408,14 @@ static int monotone(const int64_t *o, int64_t n, int64_t hi) {
     return o[n - 1] <= hi;
 }
 
-/* Checks that every offset stays inside the buffers it points into. */
+/* Checks that every offset stays inside the buffers it points into. Sums of caller-supplied
+ * counts are written as differences, which cannot overflow (all of them are >= 0). */
 static const char *ecol_check(const ECol *c, int64_t nrows) {
-    if (c->has_valid && (int64_t)c->valid.len * 8 < c->valid_off + nrows) return "validity bitmap too short";
+    if (c->has_valid && (int64_t)c->valid.len * 8 - nrows < c->valid_off) return "validity bitmap too short";
     int64_t elems = c->kind == K_INT64 ? c->nvals : c->kind == K_FLOAT ? c->nvals : c->kind == K_BYTES ? c->nvals - 1 : 0;
     if (c->kind == K_BYTES && !monotone(c->vals.buf, c->nvals, c->ndata)) return "bytes offsets out of range";
     if (c->shape == S_SCALAR) return elems >= nrows ? NULL : "fewer values than rows";
-    if (c->nrowoff < nrows + 1) return "fewer list offsets than rows";
+    if (c->nrowoff - 1 < nrows) return "fewer list offsets than rows";
     if (c->shape == S_SEQ) {
         if (!monotone(c->rowoff.buf, nrows + 1, c->ninner - 1)) return "sequence offsets out of range";
         if (c->kind == K_NULL) return NULL;
@@ -1383,25 +1430,27 @@ static const char *ecol_check(const ECol *c, int64_t nrows) {
     return monotone(c->rowoff.buf, nrows + 1, elems) ? NULL : "list offsets out of range";
 }
 
-static int get_opt_buffer(PyObject *o, Py_buffer *v, int *has) {
-    *has = 0;
-    if (o == Py_None) return 0;
-    if (PyObject_GetBuffer(o, v, PyBUF_SIMPLE) < 0) return -1;
-    *has = 1;
+/* Checks a column's spec against the record type and derives the element counts of its buffers. */
+static int ecol_prepare(ECol *c, int rtype, int64_t ncols) {
+    int bad = c->kind < K_BYTES || c->kind > K_NULL || c->valid_off < 0 ||
+              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQ) ||
+              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQ && c->kind != K_NULL && !c->has_inner) ||
+              (c->kind != K_NULL && !c->has_vals) || (c->kind == K_BYTES && !c->has_data) ||
+              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQ) ||
+              (rtype == R_BYTES && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
+    if (bad) return -1;
+    c->nrowoff = c->has_rowoff ? c->rowoff.len / 8 : 0;
+    c->ninner = c->has_inner ? c->inner.len / 8 : 0;
+    c->nvals = c->has_vals ? c->vals.len / (c->kind == K_FLOAT ? 4 : 8) : 0;
+    c->ndata = c->has_data ? c->data.len : 0;
+    if (c->shape == S_SEQ && c->kind == K_NULL && !c->has_inner) c->ninner = 0;
     return 0;
-}
-
-static void ecol_release(ECol *c) {
-    if (c->has_valid) PyBuffer_Release(&c->valid);
-    if (c->has_rowoff) PyBuffer_Release(&c->rowoff);
-    if (c->has_inner) PyBuffer_Release(&c->inner);
-    if (c->has_data) PyBuffer_Release(&c->data);
-    if (c->vals.obj) PyBuffer_Release(&c->vals);
 }
 
 static int encode_records(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, const char **why) {
     size_t *body = malloc(sizeof(size_t) * (size_t)(ncols ? ncols : 1));
-    if (!body || buf_reserve(offs, (size_t)nrows * 8)) {
+    /* more rows than memory can hold offsets for must not wrap nrows * 8 around to a small size */
+    if (!body || (uint64_t)nrows > SIZE_MAX / 8 || buf_reserve(offs, (size_t)nrows * 8)) {
         free(body);
         *why = "out of memory";
         return -1;
@@ -1468,6 +1517,30 @@ static int encode_records(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *
     return 0;
 }
 
+/* Checks every column's buffers, then encodes; returns NULL or why it failed (*bad_col: which
+ * column's buffers were inconsistent, -1 if none). */
+static const char *encode_core(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col) {
+    const char *why = NULL;
+    *bad_col = -1;
+    for (int ci = 0; ci < ncols && !why; ci++) {
+        why = ecol_check(&cols[ci], nrows);
+        if (why) *bad_col = ci;
+    }
+    if (!why) encode_records(cols, ncols, rtype, nrows, out, offs, &why); /* sets why when it fails */
+    return why;
+}
+
+/* Borrows o's memory for m (None: absent), keeping the view in v for release. */
+static int get_opt_buffer(PyObject *o, Py_buffer *v, Mem *m, int *has) {
+    *has = 0;
+    if (o == Py_None) return 0;
+    if (PyObject_GetBuffer(o, v, PyBUF_SIMPLE) < 0) return -1;
+    m->buf = v->buf;
+    m->len = v->len;
+    *has = 1;
+    return 0;
+}
+
 /* encode(record_type, nrows, columns) -> (framed records, record start offsets as int64)
  * columns: (name: bytes, kind, shape, validity|None, validity_bit_offset, row_offsets|None,
  *           inner_offsets|None, values|None, data|None); offsets are int64 arrays. */
@@ -1484,63 +1557,52 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     if (!seq) return NULL;
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
     ECol *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(ECol));
-    Py_ssize_t got = 0;
+    Py_buffer(*views)[5] = calloc((size_t)(ncols ? ncols : 1), sizeof(*views)); /* valid, rowoff, inner, vals, data */
     PyObject *result = NULL;
     Buf out = {0}, offs = {0};
-    if (!cols) {
+    if (!cols || !views) {
         PyErr_NoMemory();
         goto done;
     }
-    for (; got < ncols; got++) {
-        ECol *c = &cols[got];
-        PyObject *valid, *rowoff, *inner, *vals, *data;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        ECol *c = &cols[i];
+        Py_buffer *v = views[i];
+        PyObject *name, *valid, *rowoff, *inner, *vals, *data;
         long long voff;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, got), "SiiOLOOOO", &c->name, &c->kind, &c->shape, &valid,
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "SiiOLOOOO", &name, &c->kind, &c->shape, &valid,
                               &voff, &rowoff, &inner, &vals, &data))
             goto done;
-        c->key = (const uint8_t *)PyBytes_AS_STRING(c->name);
-        c->key_len = (size_t)PyBytes_GET_SIZE(c->name);
+        c->key = (const uint8_t *)PyBytes_AS_STRING(name);
+        c->key_len = (size_t)PyBytes_GET_SIZE(name);
         c->valid_off = voff;
-        if (get_opt_buffer(valid, &c->valid, &c->has_valid) || get_opt_buffer(rowoff, &c->rowoff, &c->has_rowoff) ||
-            get_opt_buffer(inner, &c->inner, &c->has_inner) || get_opt_buffer(data, &c->data, &c->has_data))
+        if (get_opt_buffer(valid, &v[0], &c->valid, &c->has_valid) ||
+            get_opt_buffer(rowoff, &v[1], &c->rowoff, &c->has_rowoff) ||
+            get_opt_buffer(inner, &v[2], &c->inner, &c->has_inner) ||
+            get_opt_buffer(vals, &v[3], &c->vals, &c->has_vals) || get_opt_buffer(data, &v[4], &c->data, &c->has_data))
             goto done;
-        if (vals != Py_None && PyObject_GetBuffer(vals, &c->vals, PyBUF_SIMPLE) < 0) goto done;
-        int bad = c->kind < K_BYTES || c->kind > K_NULL || voff < 0 ||
-                  (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQ) ||
-                  (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQ && c->kind != K_NULL && !c->has_inner) ||
-                  (c->kind != K_NULL && !c->vals.obj) || (c->kind == K_BYTES && !c->has_data) ||
-                  (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQ) ||
-                  (rtype == R_BYTES && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
-        if (bad) {
-            PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", c->name);
-            got++;
+        if (ecol_prepare(c, rtype, ncols)) {
+            PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", name);
             goto done;
         }
-        c->nrowoff = c->has_rowoff ? c->rowoff.len / 8 : 0;
-        c->ninner = c->has_inner ? c->inner.len / 8 : 0;
-        c->nvals = c->vals.obj ? c->vals.len / (c->kind == K_FLOAT ? 4 : 8) : 0;
-        c->ndata = c->has_data ? c->data.len : 0;
-        if (c->shape == S_SEQ && c->kind == K_NULL && !c->has_inner) c->ninner = 0;
     }
-    const char *why = NULL;
-    int bad_col = -1, rc = 0;
+    const char *why;
+    int bad_col;
     Py_BEGIN_ALLOW_THREADS
-    for (int ci = 0; ci < ncols && !why; ci++) {
-        why = ecol_check(&cols[ci], nrows);
-        if (why) bad_col = ci;
-    }
-    if (!why) rc = encode_records(cols, (int)ncols, rtype, nrows, &out, &offs, &why);
+    why = encode_core(cols, (int)ncols, rtype, nrows, &out, &offs, &bad_col);
     Py_END_ALLOW_THREADS
-    if (why || rc) {
-        if (bad_col >= 0) PyErr_Format(PyExc_ValueError, "column %R: %s", cols[bad_col].name, why);
-        else if (why && strcmp(why, "out of memory") == 0) PyErr_NoMemory();
-        else PyErr_SetString(PyExc_RuntimeError, why ? why : "encode failed");
+    if (why) {
+        if (bad_col >= 0) PyErr_Format(PyExc_ValueError, "column %R: %s", PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, bad_col), 0), why);
+        else if (strcmp(why, "out of memory") == 0) PyErr_NoMemory();
+        else PyErr_SetString(PyExc_RuntimeError, why);
         goto done;
     }
     result = Py_BuildValue("(NN)", buf_to_py(&out), buf_to_py(&offs));
 done:
-    for (Py_ssize_t i = 0; i < got && cols; i++) ecol_release(&cols[i]);
+    for (Py_ssize_t i = 0; i < ncols && views; i++)
+        for (int k = 0; k < 5; k++)
+            if (views[i][k].obj) PyBuffer_Release(&views[i][k]);
     free(cols);
+    free(views);
     free(out.p);
     free(offs.p);
     Py_DECREF(seq);
@@ -1565,11 +1627,7 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_native", .m_doc = "Native TFRecord codec core.", .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    crc_init_table();
-#ifdef HAVE_HW_CRC
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("sse4.2")) crc32c_update = crc32c_hw;
-#endif
+    crc_init();
     if (PyType_Ready(&NativeBufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -1,0 +1,546 @@
+/*
+ * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
+ * inspect, encode. The codec is compiled into this translation unit and its pure-C cores are called
+ * directly, so no Python interpreter runs. Build one binary per target with -DFUZZ_TARGET=<function>
+ * (fuzz/run.sh does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with
+ * fuzz/driver.c it replays a corpus and random mutations without libFuzzer.
+ *
+ * Beyond "no crash and no sanitizer report", each target checks what the core promises its caller:
+ * records found by the scan lie inside the buffer with valid CRCs, decoded buffers form valid Arrow
+ * layouts, inspect's statistics agree with a decode using the schema it implies, and encode's output
+ * scans and decodes back to exactly its input.
+ */
+#include "../ray_tfrecord/_native.c"
+
+#include <stdio.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FUZZ_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FUZZ_ASAN 1
+#endif
+#endif
+#ifdef FUZZ_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define CHECK(cond)                                                                                 \
+    do {                                                                                            \
+        if (!(cond)) {                                                                              \
+            fprintf(stderr, "fuzz check failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);        \
+            abort();                                                                                \
+        }                                                                                           \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reading the fuzz input: bytes past its end read as zero, so every input means something.    */
+
+typedef struct {
+    const uint8_t *p, *end;
+} In;
+
+static uint8_t in_byte(In *in) { return in->p < in->end ? *in->p++ : 0; }
+
+static uint64_t in_u64(In *in) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)in_byte(in) << (8 * i);
+    return v;
+}
+
+static size_t in_take(In *in, size_t want, const uint8_t **at) {
+    size_t have = (size_t)(in->end - in->p);
+    if (want > have) want = have;
+    *at = in->p;
+    in->p += want;
+    return want;
+}
+
+static int64_t rd_i64(const uint8_t *p) { return (int64_t)rd64(p); }
+static int32_t rd_i32(const uint8_t *p) { return (int32_t)rd32(p); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Records: the rest of the input as [u16 length][payload] pieces (the last one clipped), laid   */
+/* out like framed records. Everything between payloads is poisoned, so a read that strays past */
+/* a record's end is an ASan report even when the neighbouring bytes belong to the same buffer. */
+
+typedef struct {
+    uint8_t *buf;
+    size_t n;
+    int64_t *pos, *lens, nrec;
+} Records;
+
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+static void records_from(In *in, Records *r) {
+    size_t left = (size_t)(in->end - in->p), max = left / 2 + 1;
+    r->pos = malloc(sizeof(int64_t) * max);
+    r->lens = malloc(sizeof(int64_t) * max);
+    r->nrec = 0;
+    const uint8_t **src = malloc(sizeof(*src) * max);
+    size_t end = 0; /* where the previous payload ended (8-aligned) */
+    while (in->p < in->end) {
+        size_t want = in_byte(in);
+        want |= (size_t)in_byte(in) << 8;
+        const uint8_t *at;
+        size_t len = in_take(in, want, &at), e = align8(end + 16 + len);
+        src[r->nrec] = at;
+        r->pos[r->nrec] = (int64_t)(e - len - 12);
+        r->lens[r->nrec++] = (int64_t)len;
+        end = e;
+    }
+    r->n = end; /* the last payload ends at the allocation's end: ASan's heap redzone follows */
+    r->buf = malloc(r->n ? r->n : 1);
+    size_t prev = 0;
+    for (int64_t i = 0; i < r->nrec; i++) {
+        size_t start = (size_t)r->pos[i] + 12;
+        memcpy(r->buf + start, src[i], (size_t)r->lens[i]);
+        POISON(r->buf + prev, start - prev);
+        prev = start + (size_t)r->lens[i];
+    }
+    free(src);
+}
+
+static void records_free(Records *r) {
+    UNPOISON(r->buf, r->n);
+    free(r->buf);
+    free(r->pos);
+    free(r->lens);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoded columns must be valid Arrow layouts (pyarrow trusts these buffers without checks).   */
+
+static void check_offsets(const Buf *b, int64_t count, int64_t last) {
+    CHECK(b->len == (size_t)(count + 1) * 4);
+    CHECK(rd_i32(b->p) == 0);
+    for (int64_t i = 0; i < count; i++) CHECK(rd_i32(b->p + 4 * i) <= rd_i32(b->p + 4 * (i + 1)));
+    CHECK(rd_i32(b->p + 4 * count) == last);
+}
+
+static int col_valid(const Col *c, int64_t i) { return (c->valid.p[i / 8] >> (i % 8)) & 1; }
+
+static void check_column(const Col *c, int64_t nrec) {
+    CHECK(c->nrows == nrec);
+    CHECK(c->valid.len == (size_t)(nrec + 7) / 8);
+    int64_t nulls = 0;
+    for (int64_t i = 0; i < nrec; i++) nulls += !col_valid(c, i);
+    CHECK(nulls == c->nulls);
+    if (c->shape == S_SCALAR) CHECK(c->nvals == nrec);
+    if (c->shape == S_FIXED) CHECK(c->nvals == nrec * c->fixed_n);
+    if (c->shape == S_LIST) check_offsets(&c->rowoff, nrec, c->nvals);
+    if (c->shape == S_SEQ) {
+        check_offsets(&c->rowoff, nrec, c->ninner);
+        check_offsets(&c->inner, c->ninner, c->nvals);
+    }
+    if (c->shape == S_LIST || c->shape == S_SEQ)
+        for (int64_t i = 0; i < nrec; i++)
+            if (!col_valid(c, i)) CHECK(rd_i32(c->rowoff.p + 4 * i) == rd_i32(c->rowoff.p + 4 * (i + 1)));
+    if (c->kind == K_BYTES) check_offsets(&c->vals, c->nvals, (int64_t)c->data.len);
+    else CHECK(c->vals.len == (size_t)c->nvals * elem_size(c->kind));
+    if (c->kind == K_NULL) CHECK(c->nvals == 0);
+}
+
+/* The word-at-a-time varint decoder must agree with the byte-at-a-time one on any bytes. */
+static void check_varints(const uint8_t *p, const uint8_t *end) {
+    int64_t n = 0, k = 0;
+    int fast = packed_varints(p, end, NULL, &n), slow = 0;
+    const uint8_t *q = p;
+    while (q < end && !slow) {
+        uint64_t v;
+        slow = rd_varint(&q, end, &v);
+        k += !slow;
+    }
+    CHECK((fast != 0) == (slow != 0));
+    if (fast) return;
+    CHECK(n == k);
+    int64_t *out = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    CHECK(packed_varints(p, end, out, &k) == 0 && k == n);
+    q = p;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t v;
+        CHECK(rd_varint(&q, end, &v) == 0 && (int64_t)v == out[i]);
+    }
+    free(out);
+}
+
+static void decode_setup(Cols *cs, int ncols) {
+    memset(cs, 0, sizeof(*cs));
+    cs->cols = calloc((size_t)(ncols ? ncols : 1), sizeof(Col));
+    cs->cap = ncols;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* scan: byte 0 holds the flags (and whether byte 1 sets a limit); the rest is the stream.      */
+
+static int fuzz_scan(const uint8_t *data, size_t size) {
+    In in = {data, data + size};
+    uint8_t flags = in_byte(&in), lim = flags & 0x10 ? in_byte(&in) : 255;
+    const uint8_t *buf = in.p;
+    size_t n = (size_t)(in.end - in.p);
+    Scan s = {.verify = flags & 1, .final = (flags >> 1) & 1, .skip = (flags >> 2) & 1, .resync = (flags >> 3) & 1};
+    s.limit = lim == 255 ? n : lim == 254 ? n + 1000 : n * lim / 253;
+    scan_core(&s, buf, n);
+    CHECK(!s.oom);
+    CHECK(s.nerr <= 64 && s.nerr_total >= s.nerr && (s.skip || s.nerr <= 1));
+    CHECK(s.consumed <= n);
+    size_t nrec = s.pos.len / 8, next = 0;
+    CHECK(s.lens.len == s.pos.len);
+    for (size_t i = 0; i < nrec; i++) {
+        int64_t p = rd_i64(s.pos.p + 8 * i), len = rd_i64(s.lens.p + 8 * i);
+        CHECK(p >= 0 && (size_t)p >= next && (size_t)p < s.limit && (size_t)p + 16 <= n);
+        CHECK(len >= 0 && (uint64_t)len <= n - (size_t)p - 16);
+        CHECK(masked_crc(buf + p, 8) == rd32(buf + p + 8) && rd64(buf + p) == (uint64_t)len);
+        if (s.verify) CHECK(masked_crc(buf + p + 12, (size_t)len) == rd32(buf + p + 12 + len));
+        next = (size_t)p + 16 + (size_t)len;
+    }
+    CHECK(next <= s.consumed);
+#ifdef HAVE_HW_CRC
+    if (crc32c_update == crc32c_hw) CHECK(crc32c_sw(0xFFFFFFFFu, buf, n) == crc32c_hw(0xFFFFFFFFu, buf, n));
+#endif
+    free(s.pos.p);
+    free(s.lens.p);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* decode: a column spec, then records. Spec: byte ncols (& 7); per column a byte (kind: bits 0-1,
+ * shape: bits 2-3, name length: bits 4-7), a byte fixed_n (& 7), the name. As the codec does, a
+ * feature_list column (shape 3) lives in section 1. */
+
+static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
+    In in = {data, data + size};
+    int ncols = in_byte(&in) & 7;
+    Cols cs;
+    decode_setup(&cs, ncols);
+    for (int i = 0; i < ncols; i++) {
+        uint8_t k = in_byte(&in), f = in_byte(&in);
+        const uint8_t *name;
+        size_t len = in_take(&in, k >> 4, &name);
+        int shape = (k >> 2) & 3;
+        int rc = col_setup(&cs.cols[cs.ncols], name, (Py_ssize_t)len, k & 3, shape, f & 7, shape == S_SEQ);
+        CHECK(rc != -2);
+        if (rc == 0) cs.ncols++;
+    }
+    CHECK(table_build(&cs) == 0);
+    Records r;
+    records_from(&in, &r);
+    Ctx ctx = {.record = -1};
+    if (decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+        CHECK(cs.nrecords == r.nrec);
+        for (int i = 0; i < cs.ncols; i++) check_column(&cs.cols[i], r.nrec);
+    } else {
+        CHECK(ctx.err.code == E_MALFORMED || ctx.err.code == E_KIND || ctx.err.code == E_COUNT);
+        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
+        CHECK(ctx.err.where >= -1 && ctx.err.where <= r.lens[ctx.err.record]);
+    }
+    for (int64_t i = 0; i < r.nrec; i++) check_varints(r.buf + r.pos[i] + 12, r.buf + r.pos[i] + 12 + r.lens[i]);
+    records_free(&r);
+    cols_free(&cs);
+    return 0;
+}
+
+static int fuzz_decode_example(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_EXAMPLE); }
+static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_SEQUENCE); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* inspect: byte 0 picks Example or SequenceExample; then records. When inspect succeeds, a     */
+/* decode with the schema it implies must succeed too and see the same presence and counts.     */
+
+static int fuzz_inspect(const uint8_t *data, size_t size) {
+    In in = {data, data + size};
+    int rtype = in_byte(&in) & 1 ? R_SEQUENCE : R_EXAMPLE;
+    Records r;
+    records_from(&in, &r);
+    Cols cs = {.inspect = 1};
+    CHECK(table_build(&cs) == 0);
+    Ctx ctx = {.record = -1};
+    if (decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+        Cols ds;
+        decode_setup(&ds, cs.ncols);
+        for (int i = 0; i < cs.ncols; i++) {
+            const Col *c = &cs.cols[i];
+            int kind = c->kind == K_NONE ? K_NULL : c->kind;
+            CHECK(col_setup(&ds.cols[i], c->name, c->name_len, kind, c->section ? S_SEQ : S_LIST, 0, c->section) == 0);
+            ds.ncols++;
+        }
+        CHECK(table_build(&ds) == 0);
+        Ctx dctx = {.record = -1};
+        CHECK(decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
+        for (int i = 0; i < cs.ncols; i++) {
+            const Col *c = &cs.cols[i], *d = &ds.cols[i];
+            check_column(d, r.nrec);
+            CHECK(c->present == r.nrec - d->nulls);
+            int64_t lo = INT64_MAX, hi = -1;
+            for (int64_t k = 0; k < r.nrec; k++) {
+                if (!col_valid(d, k)) continue;
+                int64_t n = rd_i32(d->rowoff.p + 4 * (k + 1)) - rd_i32(d->rowoff.p + 4 * k);
+                lo = n < lo ? n : lo;
+                hi = n > hi ? n : hi;
+            }
+            CHECK(c->min_count == lo && c->max_count == hi);
+        }
+        cols_free(&ds);
+    } else {
+        CHECK(ctx.err.code == E_MALFORMED || ctx.err.code == E_KIND);
+        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
+    }
+    records_free(&r);
+    cols_free(&cs);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* encode: Arrow-like buffers built from the input. With byte 0's high bit clear they are valid  */
+/* (as codec.encode passes them) and must encode, scan and decode back to the same values. With  */
+/* it set, offsets, lengths, row count and bitmap offset come raw from the input: the checks must */
+/* reject what does not fit, and whatever they accept must encode to well-framed records.        */
+
+#define MAXCOLS 4
+
+typedef struct {
+    ECol e;
+    uint8_t name[8];
+    uint8_t *valid, *data;
+    int64_t *rowoff, *inner, *vals; /* vals: int64 values, or byte offsets into data */
+    float *fvals;
+} GenCol;
+
+static int64_t gen_int(In *in) {
+    uint8_t b = in_byte(in);
+    switch (b & 3) {
+    case 0: return (int8_t)in_byte(in);
+    case 1: return -(int64_t)(in_byte(in) | (uint64_t)in_byte(in) << 8);
+    case 2: return (int64_t)(((uint64_t)1 << (b >> 2)) - 1);
+    default: return (int64_t)in_u64(in);
+    }
+}
+
+/* A count or offset: mostly small, sometimes one of the values where 64-bit arithmetic overflows. */
+static int64_t raw_count(In *in) {
+    static const int64_t big[] = {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 61, ((int64_t)1 << 61) + 1, (int64_t)1 << 62};
+    uint8_t b = in_byte(in);
+    return b < 0xF0 ? b % 24 : big[(b - 0xF0) % 5];
+}
+
+/* Element spans per row: rows own [rowoff[i], rowoff[i+1]) of steps (SEQ) or elements (LIST). */
+static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
+    ECol *e = &g->e;
+    uint8_t b = in_byte(in);
+    e->kind = b & 3;
+    e->shape = (b >> 2) % 3 == 2 ? S_SEQ : (b >> 2) % 3;
+    if (rtype == R_EXAMPLE && e->shape == S_SEQ) e->shape = S_LIST;
+    if (e->kind == K_NULL && e->shape == S_SCALAR) e->shape = S_LIST;
+    if (rtype == R_BYTES) e->kind = K_BYTES, e->shape = S_SCALAR;
+    g->name[0] = (uint8_t)ci; /* distinct keys: a repeated key would rightly lose its first value */
+    const uint8_t *at;
+    size_t nl = in_take(in, b >> 5, &at);
+    memcpy(g->name + 1, at, nl);
+    e->key = g->name;
+    e->key_len = 1 + nl;
+    e->has_valid = rtype != R_BYTES && (in_byte(in) & 1);
+    e->valid_off = e->has_valid ? in_byte(in) & 15 : 0;
+    size_t vbytes = (size_t)(e->valid_off + nrows + 7) / 8;
+    g->valid = calloc(vbytes ? vbytes : 1, 1);
+    for (size_t k = 0; k < vbytes; k++) g->valid[k] = in_byte(in);
+    e->valid = (Mem){g->valid, (Py_ssize_t)vbytes};
+    /* rows, then steps, then elements; a leading unused stretch as in a sliced Arrow array */
+    int64_t lead = e->shape == S_SCALAR ? 0 : in_byte(in) % 3, nsteps = lead, nelems = 0;
+    g->rowoff = malloc(sizeof(int64_t) * (size_t)(nrows + 1));
+    g->rowoff[0] = lead;
+    for (int64_t i = 0; i < nrows; i++) {
+        int64_t n = e->shape == S_SCALAR ? 1 : in_byte(in) % 5;
+        if (e->kind == K_NULL && e->shape == S_LIST && ecol_valid(e, i)) n = 0; /* only ever empty */
+        g->rowoff[i + 1] = g->rowoff[i] + n;
+    }
+    if (e->shape == S_SEQ) {
+        nsteps = g->rowoff[nrows] + in_byte(in) % 2;
+        g->inner = malloc(sizeof(int64_t) * (size_t)(nsteps + 1));
+        g->inner[0] = in_byte(in) % 3;
+        for (int64_t k = 0; k < nsteps; k++) g->inner[k + 1] = g->inner[k] + (e->kind == K_NULL ? 0 : in_byte(in) % 4);
+        nelems = g->inner[nsteps];
+        e->inner = (Mem){g->inner, (Py_ssize_t)(8 * (nsteps + 1))};
+        e->has_inner = 1;
+    } else {
+        nelems = e->shape == S_SCALAR ? nrows : g->rowoff[nrows];
+    }
+    if (e->shape != S_SCALAR) {
+        e->rowoff = (Mem){g->rowoff, (Py_ssize_t)(8 * (nrows + 1))};
+        e->has_rowoff = 1;
+    }
+    if (e->kind == K_INT64) {
+        g->vals = malloc(sizeof(int64_t) * (size_t)(nelems ? nelems : 1));
+        for (int64_t k = 0; k < nelems; k++) g->vals[k] = gen_int(in);
+        e->vals = (Mem){g->vals, (Py_ssize_t)(8 * nelems)};
+        e->has_vals = 1;
+    } else if (e->kind == K_FLOAT) {
+        g->fvals = malloc(sizeof(float) * (size_t)(nelems ? nelems : 1));
+        for (int64_t k = 0; k < nelems; k++) {
+            uint32_t bits = (uint32_t)in_byte(in) << 24 | (uint32_t)in_byte(in) << 16 | in_byte(in);
+            memcpy(&g->fvals[k], &bits, 4);
+        }
+        e->vals = (Mem){g->fvals, (Py_ssize_t)(4 * nelems)};
+        e->has_vals = 1;
+    } else if (e->kind == K_BYTES) {
+        g->vals = malloc(sizeof(int64_t) * (size_t)(nelems + 1));
+        g->vals[0] = 0;
+        for (int64_t k = 0; k < nelems; k++) g->vals[k + 1] = g->vals[k] + in_byte(in) % 6;
+        g->data = malloc((size_t)g->vals[nelems] + 1);
+        for (int64_t k = 0; k < g->vals[nelems]; k++) g->data[k] = in_byte(in);
+        e->vals = (Mem){g->vals, (Py_ssize_t)(8 * (nelems + 1))};
+        e->data = (Mem){g->data, (Py_ssize_t)g->vals[nelems]};
+        e->has_vals = e->has_data = 1;
+    }
+}
+
+static void *gen_raw_buffer(In *in, Mem *m, int *has, int elem) {
+    uint8_t b = in_byte(in);
+    *has = b & 1;
+    size_t n = (size_t)(b >> 1) % 12;
+    int64_t *v = malloc(sizeof(int64_t) * (n ? n : 1));
+    for (size_t k = 0; k < n; k++) v[k] = elem == 8 ? raw_count(in) - 2 : (int64_t)in_u64(in);
+    *m = (Mem){v, (Py_ssize_t)(n * 8)};
+    return v;
+}
+
+static void gen_raw_col(In *in, GenCol *g, int ci) {
+    ECol *e = &g->e;
+    uint8_t b = in_byte(in);
+    e->kind = (int)(b & 7) - 1;
+    e->shape = (b >> 3) & 3;
+    g->name[0] = (uint8_t)ci;
+    e->key = g->name;
+    e->key_len = 1;
+    e->valid_off = raw_count(in) - 2;
+    g->valid = gen_raw_buffer(in, &e->valid, &e->has_valid, 1);
+    g->rowoff = gen_raw_buffer(in, &e->rowoff, &e->has_rowoff, 8);
+    g->inner = gen_raw_buffer(in, &e->inner, &e->has_inner, 8);
+    g->vals = gen_raw_buffer(in, &e->vals, &e->has_vals, 8);
+    g->data = gen_raw_buffer(in, &e->data, &e->has_data, 1);
+}
+
+static void gencol_free(GenCol *g) {
+    free(g->valid);
+    free(g->data);
+    free(g->rowoff);
+    free(g->inner);
+    free(g->vals);
+    free(g->fvals);
+}
+
+static void check_same_elems(const ECol *e, int64_t a, int64_t b, const Col *d, int64_t da, int64_t db) {
+    CHECK(b - a == db - da);
+    for (int64_t k = 0; k < b - a; k++) {
+        if (e->kind == K_INT64) {
+            CHECK(((const int64_t *)e->vals.buf)[a + k] == rd_i64(d->vals.p + 8 * (da + k)));
+        } else if (e->kind == K_FLOAT) {
+            CHECK(memcmp((const uint8_t *)e->vals.buf + 4 * (a + k), d->vals.p + 4 * (da + k), 4) == 0);
+        } else if (e->kind == K_BYTES) {
+            const int64_t *o = e->vals.buf;
+            int64_t s = rd_i32(d->vals.p + 4 * (da + k)), len = rd_i32(d->vals.p + 4 * (da + k + 1)) - s;
+            CHECK(len == o[a + k + 1] - o[a + k]);
+            CHECK(len == 0 || memcmp((const uint8_t *)e->data.buf + o[a + k], d->data.p + s, (size_t)len) == 0);
+        }
+    }
+}
+
+/* Decodes what was encoded and compares every row with the buffers it came from. */
+static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, const Buf *out, const Scan *s) {
+    if (rtype == R_BYTES) {
+        for (int64_t i = 0; i < nrows; i++) {
+            const int64_t *o = g[0].e.vals.buf;
+            int64_t len = rd_i64(s->lens.p + 8 * i), p = rd_i64(s->pos.p + 8 * i);
+            CHECK(len == o[i + 1] - o[i]);
+            CHECK(len == 0 || memcmp(out->p + p + 12, (const uint8_t *)g[0].e.data.buf + o[i], (size_t)len) == 0);
+        }
+        return;
+    }
+    Cols cs;
+    decode_setup(&cs, ncols);
+    for (int i = 0; i < ncols; i++) {
+        const ECol *e = &g[i].e;
+        CHECK(col_setup(&cs.cols[i], e->key, (Py_ssize_t)e->key_len, e->kind, e->shape, 0, e->shape == S_SEQ) == 0);
+        cs.ncols++;
+    }
+    CHECK(table_build(&cs) == 0);
+    Ctx ctx = {.record = -1};
+    CHECK(decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
+                         nrows) == 0);
+    for (int i = 0; i < ncols; i++) {
+        const ECol *e = &g[i].e;
+        const Col *d = &cs.cols[i];
+        check_column(d, nrows);
+        for (int64_t r = 0; r < nrows; r++) {
+            CHECK(col_valid(d, r) == ecol_valid(e, r));
+            if (!ecol_valid(e, r)) continue;
+            int64_t a, b, da = r, db = r + 1;
+            row_span(e, r, &a, &b);
+            if (e->shape != S_SCALAR) {
+                da = rd_i32(d->rowoff.p + 4 * r);
+                db = rd_i32(d->rowoff.p + 4 * (r + 1));
+            }
+            if (e->shape != S_SEQ) {
+                check_same_elems(e, a, b, d, da, db);
+                continue;
+            }
+            CHECK(b - a == db - da);
+            const int64_t *in = e->inner.buf;
+            for (int64_t k = 0; k < b - a; k++) {
+                int64_t ia = e->kind == K_NULL ? 0 : in[a + k], ib = e->kind == K_NULL ? 0 : in[a + k + 1];
+                check_same_elems(e, ia, ib, d, rd_i32(d->inner.p + 4 * (da + k)), rd_i32(d->inner.p + 4 * (da + k + 1)));
+            }
+        }
+    }
+    cols_free(&cs);
+}
+
+static int fuzz_encode(const uint8_t *data, size_t size) {
+    In in = {data, data + size};
+    uint8_t b = in_byte(&in);
+    int raw = b >> 7, rtype = (b & 3) % 3, ncols = rtype == R_BYTES ? 1 : (b >> 2) % (MAXCOLS + 1);
+    int64_t nrows = raw ? raw_count(&in) : in_byte(&in) % 12;
+    GenCol g[MAXCOLS];
+    memset(g, 0, sizeof(g));
+    int ok = 1;
+    for (int i = 0; i < ncols; i++) {
+        if (raw) gen_raw_col(&in, &g[i], i);
+        else gen_valid_col(&in, &g[i], rtype, i, nrows);
+        ok = ok && ecol_prepare(&g[i].e, rtype, ncols) == 0;
+    }
+    CHECK(ok || raw);
+    Buf out = {0}, offs = {0};
+    int bad_col = -1;
+    const char *why = NULL;
+    ECol cols[MAXCOLS];
+    for (int i = 0; i < ncols; i++) cols[i] = g[i].e;
+    if (ok) why = encode_core(cols, ncols, rtype, nrows, &out, &offs, &bad_col);
+    if (ok && why) CHECK(raw && (bad_col >= 0 || strcmp(why, "out of memory") == 0));
+    if (ok && !why) {
+        CHECK(offs.len == (size_t)nrows * 8);
+        Scan s = {.verify = 1, .final = 1, .limit = out.len};
+        scan_core(&s, out.p, out.len);
+        CHECK(!s.oom && s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
+        CHECK(offs.len == 0 || memcmp(s.pos.p, offs.p, offs.len) == 0);
+        check_round_trip(g, ncols, rtype, nrows, &out, &s);
+        free(s.pos.p);
+        free(s.lens.p);
+    }
+    free(out.p);
+    free(offs.p);
+    for (int i = 0; i < ncols; i++) gencol_free(&g[i]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    crc_init();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return FUZZ_TARGET(data, size); }
