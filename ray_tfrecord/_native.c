@@ -191,17 +191,18 @@ typedef struct {
     int64_t a, b;
 } FrameErr;
 
-/* A position is a record boundary if its length CRC holds and, when the data is here, the data CRC. */
+/* Whether a record can start at q: its length CRC holds and its data CRC holds. 1 yes, 0 no, 2 not
+ * known yet because the data has not all arrived (*need: the candidate's full framed size). A
+ * candidate is never accepted unseen: an 8-byte payload followed by its CRC passes the length check
+ * by construction, so only the data CRC tells such a false boundary apart. */
 static int plausible_boundary(const uint8_t *buf, size_t n, size_t q, int final, size_t *need) {
     if (n - q < 12) return 0;
     if (masked_crc(buf + q, 8) != rd32(buf + q + 8)) return 0;
     uint64_t len = rd64(buf + q);
     if (len > n - q - 12 || n - q - 12 - len < 4) {
-        if (!final) {
-            *need = 1;
-            return 1;
-        }
-        return 0;
+        if (final) return 0;
+        *need = len > SIZE_MAX - 16 ? SIZE_MAX : (size_t)len + 16;
+        return 2;
     }
     return masked_crc(buf + q + 12, (size_t)len) == rd32(buf + q + 12 + len);
 }
@@ -227,25 +228,21 @@ static void scan_core(Scan *s, const uint8_t *buf, size_t n) {
     int resyncing = s->resync, oom = 0;
     while (p < n && p < lim) {
         if (resyncing) {
-            size_t q = p, found = 0;
-            int hit = 0;
+            size_t q = p;
+            int verdict = 0;
             for (; q < n && q < lim; q++) {
-                size_t nd = 0;
                 if (n - q < 12 && !final) break;
-                if (plausible_boundary(buf, n, q, final, &nd)) {
-                    hit = 1;
-                    found = q;
-                    break;
-                }
+                verdict = plausible_boundary(buf, n, q, final, &need);
+                if (verdict) break;
             }
-            if (!hit) {
-                /* Keep the tail that could still start a record once more data arrives. */
-                if (!final && q >= lim) p = q;
-                else if (!final) p = q;
-                else p = n < lim ? n : lim;
+            if (verdict != 1) {
+                /* Wait for more input, still resynchronising: from the candidate whose data is
+                 * missing, or from the tail that could still start a record. */
+                if (verdict == 0) need = 0;
+                p = final && verdict == 0 ? (n < lim ? n : lim) : q;
                 break;
             }
-            p = found;
+            p = q;
             resyncing = 0;
         }
         if (n - p < 12) {

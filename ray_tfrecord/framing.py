@@ -34,6 +34,8 @@ OnCorrupt = Literal["raise", "skip"]
 _log = logging.getLogger(__name__)
 _WBITS = {"gzip": 31, "zlib": 15}
 _RAW_READ = 256 << 10  # TensorFlow's default compression buffer size
+#: Protobuf cannot parse a message of 2 GiB or more, so no Example can be larger.
+MAX_RECORD_BYTES = (1 << 31) - 1
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
@@ -211,31 +213,42 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
 
 def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
-                chunk_bytes: int = 2 << 20, size: int | None = None, compressed: bool = False
-                ) -> Iterator[RecordChunk]:
+                chunk_bytes: int = 2 << 20, size: int | None = None, compressed: bool = False,
+                max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RecordChunk]:
     """Yield chunks of whole records read from ``stream``, which is positioned at ``start``.
 
     Only records whose header starts in ``[start, end)`` are yielded (``end=None``: to the end).
     ``resync=True`` first searches for a record boundary at or after ``start`` using the length
     and data CRCs; use it for a byte range that does not begin at a known boundary. ``size`` (the
     stream's total length, when known) lets a length field that claims more than the file holds
-    be rejected without reading on. Memory stays within about ``chunk_bytes`` plus the largest
-    record. The length CRC is always checked (it is what makes a length trustworthy);
-    ``verify_crc`` governs the data CRC.
+    be rejected without reading on; ``max_record_bytes`` does the same for any stream (the default
+    is protobuf's own 2 GiB message limit). Memory stays within about ``chunk_bytes`` plus the
+    largest record. The length CRC is always checked (it is what makes a length trustworthy);
+    ``verify_crc`` governs the data CRC. ``compressed`` only changes how offsets are described.
     """
     if on_corrupt not in ("raise", "skip"):
         raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
     skip = on_corrupt == "skip"
     if skip and report is None:
         report = CorruptionReport()
+    where = " in the decompressed stream" if compressed else ""
+
+    def defect(offset: int, reason: str) -> None:
+        if not skip:
+            raise CorruptRecordError(reason + where, path=path, offset=offset)
+        report.add(path, offset, reason + where)
+
     base, pending, eof, need, resyncing = start, b"", False, 0, resync
     while end is None or base < end:
-        if size is not None and need > size - base:
-            # The header at `base` claims more bytes than the file has left: no need to read them.
-            reason = _frame_error(2, need - 16, size - base - 12)
-            if not skip:
-                raise CorruptRecordError(reason, path=path, offset=base)
-            report.add(path, base, reason)
+        room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)
+        if need > room:
+            # The length at `base` claims more than the file (or any valid record) can hold: no
+            # need to read it. A resync candidate that cannot fit is simply no boundary.
+            if not resyncing and size is not None and size - base < need:
+                defect(base, _frame_error(2, need - 16, size - base - 12))
+            elif not resyncing:
+                defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
+                       f"{max_record_bytes}")
             pending, base, need, resyncing = pending[1:], base + 1, 0, True
         target = max(len(pending) + chunk_bytes, need)
         parts, have = [pending], len(pending)
@@ -250,12 +263,9 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
         limit = -1 if end is None else end - base
         pos, lens, consumed, errors, nerr, need, resyncing = _native.scan(
             data, verify=verify_crc, final=eof, skip=skip, limit=limit, resync=resyncing)
-        if errors:
-            if not skip:
-                code, p, a, b = errors[0]
-                raise CorruptRecordError(_frame_error(code, a, b), path=path, offset=base + p)
-            for code, p, a, b in errors:
-                report.add(path, base + p, _frame_error(code, a, b))
+        for code, p, a, b in errors:
+            defect(base + p, _frame_error(code, a, b))
+        if skip:
             report.count += nerr - len(errors)
         if len(pos):
             yield RecordChunk(data, np.frombuffer(pos, np.int64), np.frombuffer(lens, np.int64), base, path, compressed)

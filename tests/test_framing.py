@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_tfrecord import _native
@@ -80,6 +80,11 @@ def test_truncation_anywhere_names_the_offset(records, data):
     assert e.value.path == "mem" and e.value.offset == broken
 
 
+# An 8-byte payload followed by its data CRC passes the length-CRC test by construction: a resync
+# must not take it for a record boundary until its data CRC is seen.
+EIGHT_BYTE_PAYLOADS = [b""] * 5 + [b"\x00\x00", b"\x00\x00\x00", b"\x00" * 8, b""]
+
+
 @SETTINGS
 @given(st.lists(st.binary(min_size=0, max_size=200), min_size=1, max_size=20), st.data())
 def test_one_flipped_byte_loses_exactly_that_record(records, data):
@@ -96,8 +101,24 @@ def test_one_flipped_byte_loses_exactly_that_record(records, data):
     assert report.count == 1 and report.samples[0][:2] == ("mem", starts[victim])
 
 
+@pytest.mark.parametrize("chunk_bytes", [16, 17, 40, 1 << 20])
+def test_skip_mode_around_eight_byte_payloads_loses_only_the_flipped_record(chunk_bytes):
+    full = frame_records(EIGHT_BYTE_PAYLOADS)
+    starts = offsets_of(EIGHT_BYTE_PAYLOADS)
+    for at in range(len(full)):
+        broken = bytearray(full)
+        broken[at] ^= 1
+        victim = max(i for i, s in enumerate(starts) if s <= at)
+        report = CorruptionReport()
+        got = read_all(bytes(broken), on_corrupt="skip", report=report, chunk_bytes=chunk_bytes, size=len(full))
+        assert got == EIGHT_BYTE_PAYLOADS[:victim] + EIGHT_BYTE_PAYLOADS[victim + 1:], at
+        assert report.count == 1, (at, report.samples)
+
+
 @SETTINGS
 @given(RECORDS, st.lists(st.integers(0, 10_000), max_size=5), st.integers(8, 300))
+@example(EIGHT_BYTE_PAYLOADS, [113], 16)
+@example([b"\x00" * 7 + b"\x01", b""], [5], 16)
 def test_byte_ranges_with_resync_read_every_record_exactly_once(records, cuts, chunk_bytes):
     data = frame_records(records)
     bounds = sorted({0, len(data), *[c % (len(data) + 1) for c in cuts]})
