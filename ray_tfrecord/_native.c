@@ -472,7 +472,6 @@ static inline int ld_fast(const uint8_t **pp, const uint8_t *end, uint8_t tag, c
 typedef struct {
     const uint8_t *name;
     Py_ssize_t name_len;
-    PyObject *name_obj;
     int kind, shape, section;
     int64_t fixed_n;
     Buf valid, rowoff, inner, vals, data;
@@ -1079,6 +1078,30 @@ static PyObject *maybe_buf(Buf *b) {
     return buf_to_py(b);
 }
 
+/* Runs decode_records over the spans without the GIL; on failure raises the located CodecError. */
+static int run_records(Cols *cs, int rtype, const Spans *s) {
+    if (table_build(cs)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Ctx ctx = {0};
+    ctx.record = -1;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = decode_records(&ctx, cs, rtype, s->buf.buf, (size_t)s->buf.len, s->pos.buf, s->lens.buf, s->nrec);
+    Py_END_ALLOW_THREADS
+    if (!rc) return 0;
+    if (ctx.err.code == E_NOMEM) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const Col *c = ctx.err.col >= 0 ? &cs->cols[ctx.err.col] : NULL;
+    PyObject *name = c ? PyBytes_FromStringAndSize((const char *)c->name, c->name_len) : NULL;
+    if (!c || name) raise_err(&ctx.err, name);
+    Py_XDECREF(name);
+    return -1;
+}
+
 /* decode(buffer, positions, lengths, record_type, columns) -> list of
  *   (validity | None, null_count, row_offsets | None, inner_offsets | None, values, data | None, nvals, ninner)
  * columns: sequence of (name: bytes, kind, shape, fixed_n, section). */
@@ -1110,7 +1133,6 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "SiiLi", &name, &kind, &shape, &fixed_n, &section))
             goto done;
         int rc = col_setup(c, (const uint8_t *)PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), kind, shape, fixed_n, section);
-        c->name_obj = name;
         cs.ncols++; /* whatever col_setup allocated is freed with the rest */
         if (rc) {
             if (rc == -1) PyErr_SetString(PyExc_ValueError, "invalid column spec");
@@ -1118,21 +1140,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    if (table_build(&cs)) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Ctx ctx = {0};
-    ctx.record = -1;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = decode_records(&ctx, &cs, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        if (ctx.err.code == E_NOMEM) PyErr_NoMemory();
-        else raise_err(&ctx.err, ctx.err.col >= 0 ? cs.cols[ctx.err.col].name_obj : NULL);
-        goto done;
-    }
+    if (run_records(&cs, rtype, &s)) goto done;
     result = PyList_New(ncols);
     if (!result) goto done;
     for (Py_ssize_t i = 0; i < ncols; i++) {
@@ -1164,28 +1172,7 @@ static PyObject *py_inspect(PyObject *self, PyObject *args) {
     Cols cs = {0};
     cs.inspect = 1;
     PyObject *result = NULL;
-    if (table_build(&cs)) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Ctx ctx = {0};
-    ctx.record = -1;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = decode_records(&ctx, &cs, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        if (ctx.err.code == E_NOMEM) {
-            PyErr_NoMemory();
-        } else {
-            PyObject *name = ctx.err.col >= 0
-                                 ? PyBytes_FromStringAndSize((const char *)cs.cols[ctx.err.col].name, cs.cols[ctx.err.col].name_len)
-                                 : NULL;
-            raise_err(&ctx.err, name);
-            Py_XDECREF(name);
-        }
-        goto done;
-    }
+    if (run_records(&cs, rtype, &s)) goto done;
     result = PyList_New(cs.ncols);
     if (!result) goto done;
     for (int i = 0; i < cs.ncols; i++) {

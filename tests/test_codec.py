@@ -19,6 +19,7 @@ from ray_tfrecord.framing import RecordWriter, frame_records, iter_chunks
 
 from . import reference as ref
 from .strategies import column_specs, f32, rows_for, same_floats
+from .wire import entry, example, ld, varint
 
 ARROW_LEAF = {"int64_list": pa.int64(), "float_list": pa.float32(), "bytes_list": pa.binary()}
 TF_DTYPE = {"int64_list": tf.int64, "float_list": tf.float32, "bytes_list": tf.string}
@@ -269,29 +270,6 @@ def test_records_over_one_mebibyte_round_trip_through_tensorflow(tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # Wire-format rules, checked against protobuf's own parser
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def ld(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
-
-
-def entry(key: bytes | None, feature: bytes | None) -> bytes:
-    body = (ld(1, key) if key is not None else b"") + (ld(2, feature) if feature is not None else b"")
-    return ld(1, body)
-
-
-def example(*entries: bytes) -> bytes:
-    return ld(1, b"".join(entries))
 
 
 UNKNOWN = varint(15 << 3 | 0) + varint(300) + varint(14 << 3 | 1) + b"\x01" * 8 + ld(13, b"junk") + \

@@ -27,35 +27,7 @@ from ray_tfrecord.errors import CorruptRecordError, DecodeError, SchemaError
 from ray_tfrecord.framing import CorruptionReport, frame_records, iter_chunks, masked_crc32c, open_stream
 from ray_tfrecord.schema import infer_schema
 
-# ------------------------------------------------------------------------------------------------
-# Wire-format builders
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def ld(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
-
-
-def entry(key: bytes | None, value: bytes | None) -> bytes:
-    return ld(1, (ld(1, key) if key is not None else b"") + (ld(2, value) if value is not None else b""))
-
-
-def example(*entries: bytes) -> bytes:
-    return ld(1, b"".join(entries))
-
-
-def ints(*values: int) -> bytes:
-    """A Feature holding an int64_list."""
-    return ld(3, ld(1, b"".join(varint(v) for v in values)))
+from .wire import entry, example, ints, ld, varint
 
 
 def floats(*values: float) -> bytes:
