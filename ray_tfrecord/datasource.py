@@ -25,7 +25,7 @@ Reading works in three stages:
    (validated by its length CRC and data CRC); a record belongs to the range its
    header starts in. Compressed files are always read whole. Ranges are packed into
    read tasks of about ``total_bytes / parallelism`` bytes, and each task streams
-   blocks of at most ``DataContext.target_max_block_size`` framed bytes.
+   one block per 4 MiB of framed records (or ``target_max_block_size``, if smaller).
 """
 
 from __future__ import annotations
@@ -629,6 +629,22 @@ def _infer_partition_type(values: List[str]) -> pa.DataType:
     return pa.string()
 
 
+def _default_read_tasks(datasource: TFRecordDatasource) -> int:
+    """One read task per CPU, more only when blocks would otherwise exceed Ray's target size.
+
+    Ray's own default asks for at least 200 read blocks and, with fewer read tasks than that,
+    splits every task's output k ways (one more copy of each block). Our read tasks already stream
+    blocks of a few MiB, which gives downstream operators their parallelism; measured on 2 CPUs the
+    split costs 2-3x in read throughput.
+    """
+    if not ray.is_initialized():
+        ray.init()  # what read_datasource would do anyway
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    size = datasource.estimate_inmemory_data_size() or 0
+    target = DataContext.get_current().target_max_block_size or (128 << 20)
+    return max(cpus, math.ceil(size / target))
+
+
 def read_tfrecords(
     paths: Union[str, List[str]],
     *,
@@ -657,7 +673,9 @@ def read_tfrecords(
 
     Takes the arguments of :class:`TFRecordDatasource` plus the usual Ray read
     arguments (``override_num_blocks``, ``concurrency``, ``num_cpus``, ``memory``,
-    ``ray_remote_args``). To retrieve the count of records skipped with
+    ``ray_remote_args``). ``override_num_blocks`` defaults to one read task per CPU in
+    the cluster (more for data larger than that many target-size blocks), not Ray's
+    200: each task streams blocks of a few MiB already. To retrieve the count of records skipped with
     ``on_corrupt="skip"``, build the :class:`TFRecordDatasource` yourself and call
     its :meth:`~TFRecordDatasource.corruption_report` after executing the dataset.
 
@@ -684,6 +702,8 @@ def read_tfrecords(
         infer_sample_records=infer_sample_records,
         fixed_size_lists=fixed_size_lists,
     )
+    if override_num_blocks is None:
+        override_num_blocks = _default_read_tasks(datasource)
     return ray.data.read_datasource(
         datasource,
         override_num_blocks=override_num_blocks,
