@@ -1,0 +1,192 @@
+"""Batch inference with a saved TensorFlow model over a Ray dataset.
+
+The counterpart of TensorFlowOnSpark's ``cluster.inference``: a pool of Ray
+actors each loads the model once, ``map_batches`` streams the dataset through
+it, and every input row yields exactly one output row carrying its key columns
+and the model's prediction, ready to be written as TFRecord or Parquet.
+
+Example::
+
+    import ray
+    from ray_tfrecord import read_tfrecords
+    from ray_tfrecord.inference import inference
+
+    ds = read_tfrecords("/data/digits/test")
+    inference(ds, "/models/digits.keras", "/data/digits/predictions",
+              features="pixels", key_columns=["id"], output_format="parquet")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from ray.data import Dataset, SaveMode
+
+__all__ = ["inference", "predict"]
+
+
+def _prediction_column(outputs: np.ndarray) -> pa.Array:
+    """One Arrow value per row: a scalar, or the row's outputs flattened to a fixed-size list."""
+    if outputs.dtype.kind == "f":
+        # Keep TFRecord's float_list width; float64 would need explicit narrowing on write.
+        outputs = outputs.astype(np.float32, copy=False)
+    flat = np.ascontiguousarray(outputs).reshape(len(outputs), -1)
+    if flat.shape[1] == 1:
+        return pa.array(flat.reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+
+
+class _Predictor:
+    """Loads the model once per actor; maps an Arrow batch to keys + predictions."""
+
+    def __init__(
+        self,
+        model_path: str,
+        features: str | Sequence[str],
+        key_columns: Sequence[str],
+        output_column: str,
+    ) -> None:
+        import tensorflow as tf
+        import tf_keras
+
+        from ray_tfrecord.feed import tensors_from_arrow
+
+        self._to_tensors = tensors_from_arrow
+        self._features = features
+        self._key_columns = list(key_columns)
+        self._output_column = output_column
+        is_keras = model_path.endswith((".keras", ".h5")) or os.path.exists(
+            os.path.join(model_path, "keras_metadata.pb")
+        )
+        if is_keras:
+            model = tf_keras.models.load_model(model_path, compile=False)
+            self._call = lambda inputs: model(inputs, training=False)
+        else:
+            signature = tf.saved_model.load(model_path).signatures["serving_default"]
+            input_names = list(signature.structured_input_signature[1])
+            outputs = list(signature.structured_outputs)
+            if len(outputs) != 1:
+                raise ValueError(f"{model_path}: serving signature has outputs {outputs}; expected one")
+
+            def call(inputs):
+                if not isinstance(inputs, dict):
+                    if len(input_names) != 1:
+                        raise ValueError(f"{model_path}: serving signature takes {input_names}; pass them as features")
+                    inputs = {input_names[0]: inputs}
+                return signature(**inputs)[outputs[0]]
+
+            self._call = call
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        names = [self._features] if isinstance(self._features, str) else list(self._features)
+        tensors = self._to_tensors(batch, names)
+        inputs = tensors[self._features] if isinstance(self._features, str) else tensors
+        outputs = np.asarray(self._call(inputs))
+        if len(outputs) != batch.num_rows:
+            raise ValueError(f"model returned {len(outputs)} rows for a batch of {batch.num_rows}")
+        keys = batch.select(self._key_columns)
+        return keys.append_column(self._output_column, _prediction_column(outputs))
+
+
+def predict(
+    ds: Dataset,
+    model_path: str,
+    *,
+    features: str | Sequence[str],
+    key_columns: Sequence[str],
+    output_column: str = "prediction",
+    batch_size: int = 256,
+    concurrency: int = 1,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+) -> Dataset:
+    """Apply a saved model to every row of ``ds``; one output row per input row.
+
+    Args:
+        ds: Input rows, e.g. from ``ray_tfrecord.read_tfrecords``.
+        model_path: A Keras file (``.keras``/``.h5``) or Keras SavedModel
+            directory written by ``tf-keras`` (what Ray Train's TensorFlow
+            backend uses; :data:`ray_tfrecord.train.MODEL_FILE` in a checkpoint
+            is one), or any TensorFlow SavedModel with a single-output
+            ``serving_default`` signature.
+        features: Model input column(s), converted as
+            :func:`ray_tfrecord.feed.tf_dataset` does (one name: a tensor;
+            several: a dict keyed by column, matching named model inputs).
+        key_columns: Columns copied to the output so every prediction can be
+            joined back to its input (at least one).
+        output_column: Name of the prediction column: a scalar per row when
+            the model gives one value per row, else a ``fixed_size_list`` of
+            the row's outputs flattened (floats as float32).
+        batch_size: Rows per model call.
+        concurrency: Number of model-holding actors.
+        num_cpus: CPUs reserved per actor (fractions allowed).
+        num_gpus: GPUs reserved per actor.
+
+    Returns:
+        A lazy dataset with ``key_columns`` and ``output_column``.
+    """
+    if not key_columns:
+        raise ValueError("key_columns must name at least one column to key the predictions by")
+    if output_column in key_columns:
+        raise ValueError(f"output_column {output_column!r} clashes with a key column")
+    return ds.map_batches(
+        _Predictor,
+        fn_constructor_kwargs={
+            "model_path": model_path,
+            "features": features,
+            "key_columns": list(key_columns),
+            "output_column": output_column,
+        },
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        zero_copy_batch=True,
+        concurrency=concurrency,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+    )
+
+
+def inference(
+    ds: Dataset,
+    model_path: str,
+    output_path: str,
+    *,
+    features: str | Sequence[str],
+    key_columns: Sequence[str],
+    output_format: Literal["tfrecord", "parquet"] = "tfrecord",
+    mode: Literal["error", "overwrite", "append", "ignore"] = "error",
+    output_column: str = "prediction",
+    batch_size: int = 256,
+    concurrency: int = 1,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+) -> None:
+    """Run :func:`predict` and write the keyed predictions to ``output_path``.
+
+    ``output_format="tfrecord"`` writes ``tf.train.Example`` records with
+    :func:`ray_tfrecord.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
+    writer.  ``mode`` says what to do when ``output_path`` already has data.
+    """
+    out = predict(
+        ds,
+        model_path,
+        features=features,
+        key_columns=key_columns,
+        output_column=output_column,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+    )
+    if output_format == "tfrecord":
+        from ray_tfrecord import write_tfrecords
+
+        write_tfrecords(out, output_path, mode=mode)
+    elif output_format == "parquet":
+        out.write_parquet(output_path, mode=SaveMode(mode))
+    else:
+        raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")

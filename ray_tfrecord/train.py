@@ -1,0 +1,176 @@
+"""Distributed TensorFlow training on Ray Train, fed by ``ray_tfrecord`` datasets.
+
+:func:`tensorflow_trainer` builds a ``TensorflowTrainer`` with what TensorFlow
+needs on the workers; inside the training function, :func:`restore` and
+:class:`ReportCheckpoint` make checkpointing and resuming after a worker
+failure a two-line affair.
+
+Ray's TensorFlow backend sets up ``MultiWorkerMirroredStrategy`` for legacy
+Keras (``tf-keras``), but it sets ``TF_USE_LEGACY_KERAS`` only after the worker
+process may already have imported TensorFlow, where Keras 3 then fails with a
+``PerReplica`` ValueError.  The trainer built here puts the variable in the
+workers' runtime environment instead, so it is there before any import.
+
+Example (run with ``python example.py``)::
+
+    import pyarrow as pa
+    import ray
+    from ray_tfrecord.train import ReportCheckpoint, restore, tensorflow_trainer
+
+    def loop(config):
+        import tensorflow as tf
+        from ray_tfrecord.feed import tf_dataset
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        start = restore(model)
+        feed = tf_dataset(ray.train.get_dataset_shard("train"),
+                          features="x", label="y", batch_size=8)
+        model.fit(feed, epochs=config["epochs"], initial_epoch=start,
+                  callbacks=[ReportCheckpoint()], verbose=0)
+
+    ray.init(num_cpus=2)
+    ds = ray.data.from_arrow(pa.table({
+        "x": pa.FixedSizeListArray.from_arrays(pa.array([i / 64 for i in range(64)], pa.float32()), 1),
+        "y": pa.array([2 * i / 64 for i in range(64)], pa.float32()),
+    }))
+    result = tensorflow_trainer(loop, datasets={"train": ds}, num_workers=2,
+                                cpus_per_worker=0.5, train_loop_config={"epochs": 2},
+                                storage_path="/tmp/ray_tfrecord_runs").fit()
+    print(result.metrics)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray.train
+import tf_keras
+from ray.data import Dataset
+from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.tensorflow import TensorflowTrainer
+
+__all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
+
+#: Environment every training worker needs before it imports TensorFlow.
+WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}
+
+#: The whole Keras model inside a checkpoint written by :class:`ReportCheckpoint`.
+MODEL_FILE = "model.keras"
+
+_WEIGHTS = "weights"
+_STATE = "state.json"
+
+
+def tensorflow_trainer(
+    train_loop_per_worker: Callable[[dict[str, Any]], None],
+    *,
+    datasets: Mapping[str, Dataset],
+    num_workers: int,
+    train_loop_config: Mapping[str, Any] | None = None,
+    cpus_per_worker: float = 1.0,
+    use_gpu: bool = False,
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_failures: int = 0,
+    checkpoints_to_keep: int | None = 2,
+    env_vars: Mapping[str, str] | None = None,
+) -> TensorflowTrainer:
+    """A ``TensorflowTrainer`` wired for ``ray_tfrecord`` datasets.
+
+    Every dataset is split across the workers with
+    ``streaming_split(num_workers, equal=True)``, so each worker's shard has the
+    same row count and :func:`ray_tfrecord.feed.tf_dataset` gives every rank the
+    same number of batches.  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
+    ``env_vars``) through their runtime environment.
+
+    Args:
+        train_loop_per_worker: Runs on every worker with ``train_loop_config``;
+            read data with ``ray.train.get_dataset_shard(name)``.
+        datasets: Ray datasets by name, e.g. ``{"train": read_tfrecords(...)}``.
+        num_workers: Training workers (one TensorFlow process each).
+        train_loop_config: Passed to ``train_loop_per_worker``.
+        cpus_per_worker: CPUs reserved per worker; fractions let several workers
+            share a small machine while Ray Data keeps CPUs for reading.
+        use_gpu: Reserve one GPU per worker.
+        storage_path: Where checkpoints and results go; must be shared storage
+            (e.g. ``s3://...``) on a multi-node cluster.
+        name: Run name; rerunning with the same name and storage path resumes
+            from that run's latest checkpoint.
+        max_failures: Worker-group failures to recover from, each time from the
+            latest reported checkpoint (-1: unlimited).
+        checkpoints_to_keep: Most recent checkpoints kept on storage
+            (``None`` keeps all).
+        env_vars: Extra environment variables for the workers.
+    """
+    return TensorflowTrainer(
+        train_loop_per_worker,
+        train_loop_config=dict(train_loop_config or {}),
+        scaling_config=ScalingConfig(
+            num_workers=num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker={"CPU": cpus_per_worker},
+        ),
+        dataset_config=DataConfig(datasets_to_split="all"),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=checkpoints_to_keep),
+            worker_runtime_env={"env_vars": {**WORKER_ENV_VARS, **(env_vars or {})}},
+        ),
+        datasets=dict(datasets),
+    )
+
+
+class ReportCheckpoint(tf_keras.callbacks.Callback):
+    """Keras callback: after every epoch, checkpoint the model and ``ray.train.report``.
+
+    A checkpoint holds the weights with the optimizer state (what :func:`restore`
+    resumes from) and, unless ``keras_file=False``, the whole model as
+    :data:`MODEL_FILE` for inference (``tf_keras.models.load_model`` or
+    :func:`ray_tfrecord.inference.predict`).  Every rank saves, since
+    ``MultiWorkerMirroredStrategy`` wants all of them to take part, but only
+    rank 0's copy is reported: the weights are mirrored.  The reported metrics
+    are the epoch's Keras logs plus ``epoch`` (0-based).
+    """
+
+    def __init__(self, keras_file: bool = True) -> None:
+        super().__init__()
+        self._keras_file = keras_file
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
+        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        metrics["epoch"] = epoch
+        with tempfile.TemporaryDirectory() as tmp:
+            self.model.save_weights(os.path.join(tmp, _WEIGHTS))
+            if self._keras_file:
+                self.model.save(os.path.join(tmp, MODEL_FILE))
+            with open(os.path.join(tmp, _STATE), "w") as f:
+                json.dump({"epoch": epoch}, f)
+            rank = ray.train.get_context().get_world_rank()
+            checkpoint = ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None
+            ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def restore(model: tf_keras.Model) -> int:
+    """Load the latest reported checkpoint into ``model``; return the epoch to start at.
+
+    Returns 0 (and leaves ``model`` alone) on a fresh run; after a restart it
+    returns the epoch following the checkpointed one, ready for
+    ``model.fit(..., initial_epoch=restore(model))``.
+    """
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as path:
+        # expect_partial: the optimizer's slots are restored lazily on its first step.
+        model.load_weights(os.path.join(path, _WEIGHTS)).expect_partial()
+        with open(os.path.join(path, _STATE)) as f:
+            return json.load(f)["epoch"] + 1

@@ -1,0 +1,292 @@
+"""The tf.data feed: specs from Arrow, values against TensorFlow's own parser, equal steps."""
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ray_tfrecord.feed import tensors_from_arrow, tf_dataset, type_spec
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _rows(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        seq_len = int(rng.integers(0, 4))
+        rows.append(
+            {
+                "id": i,
+                "pixels": rng.integers(0, 256, 6).tolist(),
+                "emb": rng.standard_normal(3).astype(np.float32).tolist(),
+                "tokens": rng.integers(0, 100, int(rng.integers(0, 5))).tolist(),
+                "frames": [
+                    rng.standard_normal(int(rng.integers(0, 3))).astype(np.float32).tolist() for _ in range(seq_len)
+                ],
+                "word": f"w{i}".encode() * int(rng.integers(0, 3)),
+                "label": float(i % 7),
+            }
+        )
+    return rows
+
+
+def _arrow(rows: list[dict]) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([r["id"] for r in rows], pa.int64()),
+            "pixels": pa.array([r["pixels"] for r in rows], pa.list_(pa.int64(), 6)),
+            "emb": pa.array([r["emb"] for r in rows], pa.list_(pa.float32(), 3)),
+            "tokens": pa.array([r["tokens"] for r in rows], pa.list_(pa.int64())),
+            "frames": pa.array([r["frames"] for r in rows], pa.list_(pa.list_(pa.float32()))),
+            "word": pa.array([r["word"] for r in rows], pa.binary()),
+            "label": pa.array([r["label"] for r in rows], pa.float32()),
+        }
+    )
+
+
+def _tf_parsed(rows: list[dict], tmp_path, batch_size: int) -> list[dict]:
+    """Serialize with TensorFlow's protos, parse back with tf.io.parse_sequence_example."""
+    path = str(tmp_path / "rows.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for r in rows:
+            ctx = tf.train.Features(
+                feature={
+                    "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[r["id"]])),
+                    "pixels": tf.train.Feature(int64_list=tf.train.Int64List(value=r["pixels"])),
+                    "emb": tf.train.Feature(float_list=tf.train.FloatList(value=r["emb"])),
+                    "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=r["tokens"])),
+                    "word": tf.train.Feature(bytes_list=tf.train.BytesList(value=[r["word"]])),
+                    "label": tf.train.Feature(float_list=tf.train.FloatList(value=[r["label"]])),
+                }
+            )
+            frames = tf.train.FeatureList(
+                feature=[tf.train.Feature(float_list=tf.train.FloatList(value=f)) for f in r["frames"]]
+            )
+            ex = tf.train.SequenceExample(
+                context=ctx, feature_lists=tf.train.FeatureLists(feature_list={"frames": frames})
+            )
+            w.write(ex.SerializeToString())
+    context_spec = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "pixels": tf.io.FixedLenFeature([6], tf.int64),
+        "emb": tf.io.FixedLenFeature([3], tf.float32),
+        "tokens": tf.io.RaggedFeature(tf.int64),
+        "word": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.float32),
+    }
+    out = []
+    for serialized in tf.data.TFRecordDataset(path).batch(batch_size):
+        ctx, seq, _ = tf.io.parse_sequence_example(
+            serialized, context_features=context_spec, sequence_features={"frames": tf.io.RaggedFeature(tf.float32)}
+        )
+        out.append({**ctx, **seq})
+    return out
+
+
+def _assert_same(ours, theirs) -> None:
+    if isinstance(theirs, tf.RaggedTensor):
+        assert isinstance(ours, tf.RaggedTensor)
+        assert ours.ragged_rank == theirs.ragged_rank
+        assert ours.to_list() == theirs.to_list()
+    else:
+        assert isinstance(ours, tf.Tensor)
+        assert ours.dtype == theirs.dtype
+        assert ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("batch_size", [7, 16])
+def test_batches_match_tensorflow_parser(ray_local, tmp_path, batch_size):
+    rows = _rows(101)
+    # Several blocks, so batches straddle block boundaries and arrive as sliced arrays.
+    ds = ray.data.from_arrow([_arrow(rows[:40]), _arrow(rows[40:77]), _arrow(rows[77:])])
+    columns = ["id", "pixels", "emb", "tokens", "frames", "word"]
+    feed = tf_dataset(ds, features=columns, label="label", batch_size=batch_size, drop_remainder=False)
+    expected = _tf_parsed(rows, tmp_path, batch_size)
+    got = list(feed)
+    assert len(got) == len(expected) == -(-101 // batch_size)
+    for (features, label), want in zip(got, expected, strict=True):
+        for name in columns:
+            _assert_same(features[name], want[name])
+        _assert_same(label, want["label"])
+
+
+def test_element_spec_follows_arrow_schema(ray_local):
+    table = _arrow(_rows(4)).append_column("u8", pa.array([1, 2, 3, 4], pa.uint8()))
+    table = table.append_column("flag", pa.array([True, False, True, True]))
+    table = table.append_column("text", pa.array(["a", "b", "c", "d"], pa.large_string()))
+    table = table.append_column("grid", pa.array([[[1.0, 2.0]] * 3] * 4, pa.list_(pa.list_(pa.float64(), 2), 3)))
+    table = table.append_column("big", pa.array([[1], [], [2], [3, 4]], pa.large_list(pa.int32())))
+    spec = tf_dataset(ray.data.from_arrow(table), features=table.column_names, batch_size=2).element_spec
+    assert spec["id"] == tf.TensorSpec((None,), tf.int64)
+    assert spec["pixels"] == tf.TensorSpec((None, 6), tf.int64)
+    assert spec["emb"] == tf.TensorSpec((None, 3), tf.float32)
+    assert spec["tokens"] == tf.RaggedTensorSpec((None, None), tf.int64, 1, tf.int64)
+    assert spec["frames"] == tf.RaggedTensorSpec((None, None, None), tf.float32, 2, tf.int64)
+    assert spec["word"] == tf.TensorSpec((None,), tf.string)
+    assert spec["text"] == tf.TensorSpec((None,), tf.string)
+    assert spec["u8"] == tf.TensorSpec((None,), tf.uint8)
+    assert spec["flag"] == tf.TensorSpec((None,), tf.bool)
+    assert spec["grid"] == tf.TensorSpec((None, 3, 2), tf.float64)
+    assert spec["big"] == tf.RaggedTensorSpec((None, None), tf.int32, 1, tf.int64)
+    batch = next(iter(tf_dataset(ray.data.from_arrow(table), features=["grid", "flag", "big"], batch_size=4)))
+    assert batch["grid"].shape == (4, 3, 2)
+    assert batch["flag"].numpy().tolist() == [True, False, True, True]
+    assert batch["big"].to_list() == [[1], [], [2], [3, 4]]
+
+
+def test_ray_tensor_columns_are_dense(ray_local):
+    images = np.arange(10 * 4 * 3, dtype=np.float32).reshape(10, 4, 3)
+    ds = ray.data.from_numpy(images)
+    feed = tf_dataset(ds, features="data", batch_size=4)
+    assert feed.element_spec == tf.TensorSpec((None, 4, 3), tf.float32)
+    got = np.concatenate([b.numpy() for b in feed])
+    np.testing.assert_array_equal(got, images[:8])
+
+
+def test_null_lists_are_empty_and_null_scalars_are_refused(ray_local):
+    table = pa.table({"tokens": pa.array([[1, 2], None, [3]], pa.list_(pa.int64())), "x": pa.array([1.0, None, 2.0])})
+    tokens = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=3)))
+    assert tokens.to_list() == [[1, 2], [], [3]]
+    with pytest.raises(Exception, match="null"):
+        list(tf_dataset(ray.data.from_arrow(table), features="x", batch_size=3))
+
+
+def test_single_or_dict_features_and_no_label(ray_local):
+    ds = ray.data.from_arrow(
+        pa.table({"a": pa.array([1, 2, 3, 4]), "b": pa.array([5, 6, 7, 8]), "y": pa.array([0, 1, 0, 1])})
+    )
+    x, y = next(iter(tf_dataset(ds, features="a", label=["y"], batch_size=4)))
+    assert x.numpy().tolist() == [1, 2, 3, 4] and y["y"].numpy().tolist() == [0, 1, 0, 1]
+    only = next(iter(tf_dataset(ds, features=["a", "b"], batch_size=4)))
+    assert set(only) == {"a", "b"} and only["b"].numpy().tolist() == [5, 6, 7, 8]
+
+
+def test_drop_remainder_and_steps_per_epoch(ray_local):
+    ds = ray.data.range(103)
+    sizes = [int(b.shape[0]) for b in tf_dataset(ds, features="id", batch_size=10)]
+    assert sizes == [10] * 10
+    sizes = [int(b.shape[0]) for b in tf_dataset(ds, features="id", batch_size=10, drop_remainder=False)]
+    assert sizes == [10] * 10 + [3]
+    short = tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=4)
+    assert short.cardinality().numpy() == 4
+    assert [b.numpy()[0] for b in short] == [0, 10, 20, 30]
+    with pytest.raises(Exception, match="only 10 full batches"):
+        list(tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=11))
+
+
+def test_every_rank_gets_the_same_number_of_batches(ray_local):
+    """streaming_split(equal=True) + drop-the-remainder: equal steps for awkward row counts."""
+    batch_size = 8
+    for rows, workers in [(1001, 3), (50, 3), (97, 2), (24, 3)]:
+        shards = ray.data.range(rows, override_num_blocks=7).streaming_split(workers, equal=True)
+        feeds = [tf_dataset(s, features="id", batch_size=batch_size) for s in shards]
+        counts, seen = [0] * workers, [[] for _ in range(workers)]
+
+        def consume(rank, feeds=feeds, counts=counts, seen=seen):
+            for _ in range(2):
+                for batch in feeds[rank]:
+                    counts[rank] += 1
+                    seen[rank].extend(batch.numpy().tolist())
+
+        threads = [threading.Thread(target=consume, args=(r,)) for r in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        expected = 2 * ((rows // workers) // batch_size)
+        assert counts == [expected] * workers, (rows, workers, counts)
+        flat = [i for s in seen for i in s]
+        assert len(flat) == workers * expected * batch_size
+        # Two epochs: every row at most twice, i.e. the shards are disjoint.
+        assert set(flat) <= set(range(rows)) and max(np.bincount(flat)) <= 2
+
+
+def test_unequal_shards_refuse_partial_batches(ray_local):
+    shard = ray.data.range(10).streaming_split(2, equal=False)[0]
+    with pytest.raises(ValueError, match="drop_remainder"):
+        tf_dataset(shard, features="id", batch_size=4, drop_remainder=False)
+
+
+def test_epochs_reread_unless_cached(ray_local, tmp_path):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+
+    def mark(batch):
+        # A side effect visible from the driver: one file per block Ray reads.
+        (calls / f"{batch['id'][0]}-{np.random.randint(1 << 30)}").touch()
+        return batch
+
+    ds = ray.data.range(40, override_num_blocks=4).map_batches(mark, batch_size=None)
+
+    def blocks_read_per_epoch(feed):
+        before = len(list(calls.iterdir()))
+        epochs = []
+        for _ in range(2):
+            epochs.append([b.numpy().tolist() for b in feed])
+            epochs.append(len(list(calls.iterdir())) - before)
+            before += epochs[-1]
+        return epochs
+
+    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, features="id", batch_size=10))
+    assert sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(40))
+    assert (reads1, reads2) == (4, 4)
+    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, features="id", batch_size=10, cache=True))
+    assert first == second and sorted(sum(first, [])) == list(range(40))
+    assert (reads1, reads2) == (4, 0)
+
+
+def test_bad_requests_fail_early(ray_local):
+    ds = ray.data.from_arrow(
+        pa.table({"a": pa.array([1]), "nested": pa.array([[[1]]], pa.list_(pa.list_(pa.int64()), 1))})
+    )
+    with pytest.raises(ValueError, match="not in the dataset"):
+        tf_dataset(ds, features="missing", batch_size=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        tf_dataset(ds, features="a", batch_size=0)
+    with pytest.raises(TypeError, match="fixed-size list of variable-length lists"):
+        tf_dataset(ds, features="nested", batch_size=1)
+    with pytest.raises(TypeError, match="no TensorFlow equivalent"):
+        type_spec(pa.timestamp("s"))
+
+
+_list_of_lists = st.lists(
+    st.one_of(st.none(), st.lists(st.lists(st.integers(-5, 5), max_size=3), max_size=3)), max_size=12
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=_list_of_lists, start=st.integers(0, 12), length=st.integers(0, 12))
+def test_sliced_nested_lists_round_trip(rows, start, length):
+    arr = pa.array(rows, pa.list_(pa.list_(pa.int64())))
+    sliced = arr.slice(min(start, len(arr)), length)
+    got = tensors_from_arrow(pa.table({"x": sliced}))["x"]
+    assert isinstance(got, tf.RaggedTensor) and got.ragged_rank == 2
+    assert got.to_list() == [r if r is not None else [] for r in sliced.to_pylist()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.lists(st.binary(max_size=4), min_size=2, max_size=2), max_size=10), start=st.integers(0, 10))
+def test_sliced_fixed_size_binary_lists(rows, start):
+    arr = pa.array(rows, pa.list_(pa.binary(), 2)).slice(min(start, len(rows)))
+    got = tensors_from_arrow(pa.table({"x": arr}))["x"]
+    assert got.shape == (len(arr), 2)
+    assert got.numpy().tolist() == arr.to_pylist()
+
+
+def test_local_shuffle_keeps_every_row_once(ray_local):
+    ds = ray.data.range(200, override_num_blocks=4)
+    # A shuffle buffer smaller than the feed's usual fetch: fetches shrink to fit it.
+    feed = tf_dataset(ds, features="id", batch_size=16, local_shuffle_buffer_size=40, local_shuffle_seed=1)
+    got = [b.numpy() for b in feed]
+    assert [len(b) for b in got] == [16] * 12
+    flat = np.concatenate(got)
+    assert len(set(flat.tolist())) == 192 and set(flat.tolist()) <= set(range(200))
+    assert flat.tolist() != sorted(flat.tolist())
