@@ -10,7 +10,7 @@ import pyarrow as pa
 from ray_tfrecord import codec
 from ray_tfrecord.framing import RecordWriter, iter_chunks
 
-from .datasets import BenchContext
+from .datasets import BenchContext, tf_feature_spec
 
 PY_SAMPLE = 5_000  # rows for the pure-Python peers (they are slow; rows/s is what we compare)
 
@@ -33,28 +33,11 @@ def _decode_native(files: list[str], schema: pa.Schema) -> int:
     return rows
 
 
-def _tf_spec(schema: pa.Schema):
-    import tensorflow as tf
-
-    spec = {}
-    for field in schema:
-        t = field.type
-        leaf = t.value_type if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) else t
-        dtype = tf.int64 if pa.types.is_integer(leaf) else tf.float32 if pa.types.is_floating(leaf) else tf.string
-        if pa.types.is_list(t):
-            spec[field.name] = tf.io.RaggedFeature(dtype)
-        elif pa.types.is_fixed_size_list(t):
-            spec[field.name] = tf.io.FixedLenFeature([t.list_size], dtype)
-        else:
-            spec[field.name] = tf.io.FixedLenFeature([], dtype)
-    return spec
-
-
 def _decode_tf(files: list[str], schema: pa.Schema, batched: bool = True) -> None:
     """TF's two idioms: parse_example on batches of 1024 (its fastest), or per record via map."""
     import tensorflow as tf
 
-    spec = _tf_spec(schema)
+    spec = tf_feature_spec(schema)
     ds = tf.data.TFRecordDataset(files)
     if batched:
         ds = ds.batch(1024).map(lambda x: tf.io.parse_example(x, spec))

@@ -48,6 +48,24 @@ def image_table(n: int, seed: int = 1) -> pa.Table:
                      "label": pa.array(rng.integers(0, 10, n), pa.int64())})
 
 
+def tf_feature_spec(schema: pa.Schema) -> dict:
+    """The tf.io.parse_example spec that reads a benchmark schema as our codec does."""
+    import tensorflow as tf
+
+    def dtype(t: pa.DataType):
+        return tf.int64 if pa.types.is_integer(t) else tf.float32 if pa.types.is_floating(t) else tf.string
+
+    spec = {}
+    for f in schema:
+        if pa.types.is_fixed_size_list(f.type):
+            spec[f.name] = tf.io.FixedLenFeature([f.type.list_size], dtype(f.type.value_type))
+        elif pa.types.is_list(f.type):
+            spec[f.name] = tf.io.RaggedFeature(dtype(f.type.value_type))
+        else:
+            spec[f.name] = tf.io.FixedLenFeature([], dtype(f.type))
+    return spec
+
+
 @dataclass
 class BenchContext:
     tabular_dir: str

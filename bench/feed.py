@@ -29,6 +29,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from .datasets import tf_feature_spec
+
 BATCH = 256
 ROUNDS = 3
 ROUND_SECONDS = 1.0
@@ -43,27 +45,6 @@ def _variable_length(schema: pa.Schema) -> pa.Schema:
         t = pa.list_(f.type.value_type) if pa.types.is_fixed_size_list(f.type) else f.type
         fields.append(pa.field(f.name, t))
     return pa.schema(fields)
-
-
-def _parse_spec(schema: pa.Schema) -> dict:
-    import tensorflow as tf
-
-    def dtype(t: pa.DataType):
-        if pa.types.is_integer(t):
-            return tf.int64
-        if pa.types.is_floating(t):
-            return tf.float32
-        return tf.string
-
-    spec = {}
-    for f in schema:
-        if pa.types.is_fixed_size_list(f.type):
-            spec[f.name] = tf.io.FixedLenFeature([f.type.list_size], dtype(f.type.value_type))
-        elif pa.types.is_list(f.type):
-            spec[f.name] = tf.io.RaggedFeature(dtype(f.type.value_type))
-        else:
-            spec[f.name] = tf.io.FixedLenFeature([], dtype(f.type))
-    return spec
 
 
 def _touch_everything():
@@ -138,7 +119,7 @@ def _bench(ctx, name: str) -> list[dict]:
     )
     relaxed = ray_tfrecord.read_tfrecords(files, schema=_variable_length(schema)).limit(TO_TF_ROWS[name]).materialize()
     feeds["Ray DataIterator.to_tf"] = relaxed.iterator().to_tf(feature_arg, "label", batch_size=BATCH)
-    spec = _parse_spec(schema)
+    spec = tf_feature_spec(schema)
     feeds["tf.data + parse_example"] = (
         tf.data.TFRecordDataset(files, num_parallel_reads=2)
         .batch(BATCH)

@@ -22,34 +22,14 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import pyarrow as pa
 
+from .datasets import tf_feature_spec
+
 _MB = 1e6
 PASSES = 5
-
-
-def _feature_spec(schema: pa.Schema) -> Dict[str, object]:
-    import tensorflow as tf
-
-    def dtype(t: pa.DataType):
-        if pa.types.is_integer(t):
-            return tf.int64
-        if pa.types.is_floating(t):
-            return tf.float32
-        return tf.string
-
-    spec = {}
-    for f in schema:
-        t = f.type
-        if pa.types.is_fixed_size_list(t):
-            spec[f.name] = tf.io.FixedLenFeature([t.list_size], dtype(t.value_type))
-        elif pa.types.is_list(t):
-            spec[f.name] = tf.io.RaggedFeature(dtype(t.value_type))
-        else:
-            spec[f.name] = tf.io.FixedLenFeature([], dtype(t))
-    return spec
 
 
 def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
@@ -87,7 +67,7 @@ def _row(dataset: str, impl: str, rows: Optional[int], seconds: Optional[float],
 def _tf_read(files: List[str], schema: pa.Schema, cpus: int) -> int:
     import tensorflow as tf
 
-    spec = _feature_spec(schema)
+    spec = tf_feature_spec(schema)
     options = tf.data.Options()
     options.threading.private_threadpool_size = cpus
     ds = (
