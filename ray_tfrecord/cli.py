@@ -70,8 +70,19 @@ def _cmd_inspect(args) -> int:
     print(f"records: {ds.count()}")
     print(f"first {args.rows} rows:")
     for row in ds.take(args.rows):
-        print("  " + json.dumps(row, default=_jsonable))
+        print("  " + json.dumps({k: _shorten(v) for k, v in row.items()}, default=_jsonable))
     return 0
+
+
+def _shorten(value: Any, keep: int = 8) -> Any:
+    """A long list shows its first values and its length (an image row is 784 numbers)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list) and len(value) > keep:
+        return [_shorten(v) for v in value[:keep]] + [f"... ({len(value)} values)"]
+    if isinstance(value, list):
+        return [_shorten(v) for v in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:

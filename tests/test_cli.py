@@ -46,6 +46,14 @@ def test_inspect(ray_local, dataset, capsys):
     assert out.count('"id":') == 2
 
 
+def test_shorten_long_lists_in_shown_rows():
+    from ray_tfrecord.cli import _shorten
+
+    assert _shorten(list(range(784))) == [0, 1, 2, 3, 4, 5, 6, 7, "... (784 values)"]
+    assert _shorten([[1] * 9, [2]]) == [[1] * 8 + ["... (9 values)"], [2]]
+    assert _shorten(b"x") == b"x"
+
+
 def test_verify_reports_bad_offsets(ray_local, dataset, capsys):
     assert main(["verify", str(dataset)]) == 0
     assert "40 good records, 0 corrupt" in capsys.readouterr().out
