@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+import ray
 from ray.data import Dataset
 from ray.data._internal.execution.interfaces import TaskContext
 from ray.data._internal.savemode import SaveMode
@@ -64,6 +65,8 @@ STAGING_DIR = "_temporary"
 _MODES = {m.value: m for m in (SaveMode.ERROR, SaveMode.OVERWRITE, SaveMode.APPEND, SaveMode.IGNORE)}
 # Input gathered per write task (so per file, unless a size/row limit cuts earlier).
 _MIN_BYTES_PER_WRITE = 128 << 20
+# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
+_STORE_SHARE_PER_WRITE = 16
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
 
@@ -263,6 +266,13 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
     def min_bytes_per_write(self) -> Optional[int]:
         # Ray otherwise runs one write task, hence one file, per input block:
         # hundreds of tiny files (and tasks) for a dataset that Ray split finely.
+        # A write task's input gathers in the object store until it reaches this size,
+        # so it must stay well below the store (Ray Data budgets about half of it across
+        # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
+        # operators on backpressure and spills (tests/test_faults.py).
+        store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
+        if store:
+            return max(1, min(self._min_bytes_per_write, int(store) // _STORE_SHARE_PER_WRITE))
         return self._min_bytes_per_write
 
     @property
