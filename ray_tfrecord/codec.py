@@ -88,8 +88,11 @@ def _is_var_list(t: pa.DataType) -> bool:
 
 
 def _column_spec(field: pa.Field, record_type: str) -> tuple[int, int, int]:
-    """(kind, shape, fixed length) of a column, or SchemaError naming the column and type."""
-    t = field.type
+    """(kind, shape, fixed length) of a column, or SchemaError naming the column and type.
+
+    An extension type (such as Ray's fixed-shape tensor, a flattened list) is its storage type.
+    """
+    t = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
     shape, n = _SCALAR, 0
     if _is_var_list(t) and _is_var_list(t.value_type):
         if record_type != "SequenceExample":
@@ -171,6 +174,9 @@ def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFR
 def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
     if arr.type == field.type:
         return arr
+    if isinstance(field.type, pa.ExtensionType):
+        storage = _cast(arr, pa.field(field.name, field.type.storage_type), chunk)
+        return pa.ExtensionArray.from_storage(field.type, storage)
     try:
         return arr.cast(field.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -295,6 +301,8 @@ def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -
 
 def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_narrowing: bool) -> tuple:
     kind, shape, n = _column_spec(f, record_type)
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None
     rowoff = inner = None
     if shape == _SCALAR:

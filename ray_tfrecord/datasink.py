@@ -30,7 +30,9 @@ for ``_SUCCESS`` to appear (``overwrite``/first write) or be newer (``append``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import posixpath
 import urllib.parse
 import uuid
@@ -256,11 +258,14 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
     def _remove_staging(self) -> None:
         if self._fs.get_file_info(self._staging).type != pafs.FileType.NotFound:
             self._fs.delete_dir(self._staging)
-        parent = posixpath.dirname(self._staging)
-        if self._fs.get_file_info(parent).type == pafs.FileType.Directory and not self._fs.get_file_info(
-            pafs.FileSelector(parent)
-        ):
-            self._fs.delete_dir(parent)
+        # `_temporary` is shared with concurrent writers: a check-then-delete could wipe a staging
+        # directory created in between, or fail on one another writer removed first. Locally an
+        # rmdir is atomic and refuses a non-empty directory; elsewhere delete_dir removes a whole
+        # prefix, so the (hidden, empty) prefix is left.
+        inner = self._fs.unwrap() if isinstance(self._fs, RetryingPyFileSystem) else self._fs
+        if isinstance(inner, pafs.LocalFileSystem):
+            with contextlib.suppress(OSError):
+                os.rmdir(posixpath.dirname(self._staging))
 
     @property
     def min_bytes_per_write(self) -> Optional[int]:

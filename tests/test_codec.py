@@ -377,6 +377,18 @@ def test_encode_converts_widths_and_bools():
                    "ls": ("bytes_list", [b"x"]), "sv": ("bytes_list", [b"view"])}
 
 
+def test_ray_tensor_columns_encode_as_flat_lists_and_read_back_as_tensors():
+    from ray.data._internal.tensor_extensions.arrow import ArrowTensorArray
+
+    images = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    tensors = ArrowTensorArray.from_numpy(images)
+    batch = pa.RecordBatch.from_arrays([tensors], names=["img"])
+    chunk = next(iter_chunks(io.BytesIO(bytes(codec.encode(batch.slice(1)).data)), path="m"))
+    assert ref.decode_example(bytes(chunk.record(0)))["img"] == ("int64_list", images[1].ravel().tolist())
+    back = codec.decode(chunk, batch.schema).column("img")
+    assert back.type == tensors.type and np.array_equal(back.to_numpy_ndarray(), images[1:])
+
+
 def test_sliced_batches_encode_their_own_rows():
     batch = pa.record_batch({"x": pa.array([[1], [2, 3], None, [4]], pa.list_(pa.int64())),
                              "s": pa.array(["a", None, "c", "d"]), "f": pa.array([[1, 2], [3, 4], [5, 6], [7, 8]],
