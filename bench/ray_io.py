@@ -19,6 +19,7 @@ second. Ray Data runs with its defaults (no ``override_num_blocks``).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -49,6 +50,12 @@ def _dir_bytes(path: str) -> int:
         for f in files
         if not f.startswith((".", "_"))
     )
+
+
+def _cause(e: Exception) -> str:
+    """The root cause of a (Ray task) error in one line: its last line, without colour codes."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:120]
 
 
 def _row(dataset: str, impl: str, rows: Optional[int], seconds: Optional[float],
@@ -110,7 +117,7 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
                         f"ours is {ratio:.0f}x"))
     except Exception as e:  # noqa: BLE001 - a failure is a result here
         out.append(_row(name, f"ray.data.read_tfrecords ({tag})", None, None, None,
-                        f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+                        f"FAILED: {_cause(e)}"))
 
     _tf_read(files[:1], schema, cpus)
     rows, secs = _timed(lambda: _tf_read(many, schema, cpus))
@@ -136,7 +143,7 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
                         f"ours is {ours_write / (rows / secs):.0f}x"))
     except Exception as e:  # noqa: BLE001
         out.append(_row(name, f"Dataset.write_tfrecords ({tag})", None, None, None,
-                        f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+                        f"FAILED: {_cause(e)}"))
     for d in (ours_dir, ray_dir, ours_dir + "-warm", ray_dir + "-warm"):
         shutil.rmtree(d, ignore_errors=True)
     return out

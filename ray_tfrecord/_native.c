@@ -1297,15 +1297,17 @@ static inline size_t list_size(const ECol *c, int64_t a, int64_t b, size_t paylo
 }
 
 /* A Feature message; a null-typed column writes a Feature with no kind set. */
-static size_t feature_size(const ECol *c, int64_t a, int64_t b) {
+/* Sizes take the list payload from the caller: summing varint sizes is a pass over the values,
+ * and the size pass's result serves the write pass too. */
+static size_t feature_size(const ECol *c, int64_t a, int64_t b, size_t payload) {
     if (c->kind == K_NULL) return 0;
-    size_t ls = list_size(c, a, b, list_payload(c, a, b));
+    size_t ls = list_size(c, a, b, payload);
     return 1 + vsize(ls) + ls;
 }
 
-static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b) {
+static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, size_t payload) {
     if (c->kind == K_NULL) return o;
-    size_t payload = list_payload(c, a, b), ls = list_size(c, a, b, payload);
+    size_t ls = list_size(c, a, b, payload);
     *o++ = c->kind == K_BYTES ? 0x0A : c->kind == K_FLOAT ? 0x12 : 0x1A;
     o = put_varint(o, ls);
     if (b <= a) return o;
@@ -1345,20 +1347,24 @@ static inline void row_span(const ECol *c, int64_t i, int64_t *a, int64_t *b) {
     }
 }
 
-static size_t body_size(const ECol *c, int64_t i) {
+/* Size of row i's map value (a Feature, or a FeatureList); *payload keeps a Feature's list payload. */
+static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) return feature_size(c, a, b);
+    if (c->shape != S_SEQ) {
+        *payload = list_payload(c, a, b);
+        return feature_size(c, a, b, *payload);
+    }
     const int64_t *in = c->inner.buf;
     size_t s = 0;
     for (int64_t k = a; k < b; k++) {
-        size_t fs = feature_size(c, in[k], in[k + 1]);
+        size_t fs = feature_size(c, in[k], in[k + 1], list_payload(c, in[k], in[k + 1]));
         s += 1 + vsize(fs) + fs;
     }
     return s;
 }
 
-static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body) {
+static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, size_t payload) {
     size_t entry = 1 + vsize(c->key_len) + c->key_len + 1 + vsize(body) + body;
     *o++ = 0x0A;
     o = put_varint(o, entry);
@@ -1370,12 +1376,13 @@ static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body) {
     o = put_varint(o, body);
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) return write_feature(o, c, a, b);
+    if (c->shape != S_SEQ) return write_feature(o, c, a, b, payload);
     const int64_t *in = c->inner.buf;
     for (int64_t k = a; k < b; k++) {
+        size_t step = list_payload(c, in[k], in[k + 1]);
         *o++ = 0x0A;
-        o = put_varint(o, feature_size(c, in[k], in[k + 1]));
-        o = write_feature(o, c, in[k], in[k + 1]);
+        o = put_varint(o, feature_size(c, in[k], in[k + 1], step));
+        o = write_feature(o, c, in[k], in[k + 1], step);
     }
     return o;
 }
@@ -1432,7 +1439,8 @@ static int ecol_prepare(ECol *c, int rtype, int64_t ncols) {
 }
 
 static int encode_records(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, const char **why) {
-    size_t *body = malloc(sizeof(size_t) * (size_t)(ncols ? ncols : 1));
+    /* per column of the current row: its map value's size (SIZE_MAX: null) and list payload */
+    size_t *body = malloc(sizeof(size_t) * 2 * (size_t)(ncols ? ncols : 1)), *pay = body + (ncols ? ncols : 1);
     /* more rows than memory can hold offsets for must not wrap nrows * 8 around to a small size */
     if (!body || (uint64_t)nrows > SIZE_MAX / 8 || buf_reserve(offs, (size_t)nrows * 8)) {
         free(body);
@@ -1453,7 +1461,7 @@ static int encode_records(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *
                 body[ci] = SIZE_MAX;
                 continue;
             }
-            body[ci] = body_size(c, i);
+            body[ci] = body_size(c, i, &pay[ci]);
             if (c->shape == S_SEQ) fl += entry_total(c, body[ci]);
             else ctx += entry_total(c, body[ci]);
         }
@@ -1481,12 +1489,12 @@ static int encode_records(ECol *cols, int ncols, int rtype, int64_t nrows, Buf *
             o = put_varint(o, ctx);
         }
         for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++)
-            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQ) o = write_entry(o, &cols[ci], i, body[ci]);
+            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
         if (rtype == R_SEQUENCE) {
             *o++ = 0x12;
             o = put_varint(o, fl);
             for (int ci = 0; ci < ncols; ci++)
-                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQ) o = write_entry(o, &cols[ci], i, body[ci]);
+                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], 0);
         }
         if ((size_t)(o - (h + 12)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
             free(body);
