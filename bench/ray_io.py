@@ -53,9 +53,10 @@ def _dir_bytes(path: str) -> int:
 
 
 def _cause(e: Exception) -> str:
-    """The root cause of a (Ray task) error in one line: its last line, without colour codes."""
-    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if line.strip()]
-    return (lines[-1] if lines else type(e).__name__)[:120]
+    """The root cause of a (Ray task) error in one line: its last "...Error: ..." line."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()]
+    errors = [line for line in lines if re.match(r"\w*(Error|Exception): ", line)]
+    return (errors[-1] if errors else f"{type(e).__name__}: {lines[0] if lines else ''}")[:120]
 
 
 def _row(dataset: str, impl: str, rows: Optional[int], seconds: Optional[float],
