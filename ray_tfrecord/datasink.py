@@ -58,6 +58,7 @@ from ray_tfrecord.codec import RecordType, check_encodable, encode
 from ray_tfrecord.datasource import HIVE_NULL_PARTITION
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
+from ray_tfrecord.schema import SCHEMA_FILE, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +224,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             return
         staged = [f for ret in write_result.write_returns if ret for f in ret["files"]]
         old = _list_old_files(self._fs, self._path) if self._mode == SaveMode.OVERWRITE else []
+        appended_to_data = self._mode == SaveMode.APPEND and _dataset_exists(self._fs, self._path)
 
         final_paths = []
         for rel, _rows, _size, has_index in staged:
@@ -241,6 +243,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                     self._fs.delete_file(path)
             _remove_empty_dirs(self._fs, self._path, {posixpath.dirname(p) for p in old})
         self._remove_staging()
+        self._record_schema(write_result, appended_to_data)
         with self._fs.open_output_stream(posixpath.join(self._path, SUCCESS_MARKER), compression=None):
             pass
         self.result = TFRecordWriteResult(
@@ -248,6 +251,30 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             files=final_paths,
             bytes_written=sum(f[2] for f in staged),
         )
+
+    def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
+        """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
+
+        It is written when every task wrote the same schema; an append keeps it only if the
+        data already there was described by the same one.
+        """
+        schemas: List[pa.Schema] = []
+        for ret in write_result.write_returns:
+            for schema in (ret or {}).get("schemas", []):
+                if schema not in schemas:
+                    schemas.append(schema)
+        new = schemas[0] if len(schemas) == 1 else None
+        if appended_to_data:
+            existing = read_stored_schema(self._fs, self._path)
+            if existing is not None and (not schemas or (new is not None and existing.equals(new, check_metadata=True))):
+                return
+            new = None  # the files already there have another (or an unknown) schema
+        path = posixpath.join(self._path, SCHEMA_FILE)
+        if new is not None:
+            with self._fs.open_output_stream(path, compression=None) as f:
+                f.write(new.serialize())
+        elif self._fs.get_file_info(path).type == pafs.FileType.File:
+            self._fs.delete_file(path)
 
     def on_write_failed(self, error: Exception) -> None:
         logger.warning("Write to %s failed; removing staged files: %s", self._path, error)
@@ -290,21 +317,29 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         """Write this task's blocks into the staging directory; returns the staged
         files as ``(relative path, rows, bytes, has_index)``."""
         if self._skip:
-            return {"files": []}
+            return {"files": [], "schemas": []}
         files = _TaskFiles(self, ctx.task_idx)
         checked = None
+        schemas: List[pa.Schema] = []
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
                 if table.schema != checked:
                     self._check_schema(table.schema)
                     checked = table.schema
+                    data = self._data_schema(table.schema)
+                    if data not in schemas:
+                        schemas.append(data)
                 for part_dir, piece in _split_partitions(table, self._partition_cols):
                     for batch in piece.to_batches():
                         files.write(part_dir, batch)
         finally:
             done = files.close_all()
-        return {"files": done}
+        return {"files": done, "schemas": schemas}
+
+    def _data_schema(self, schema: pa.Schema) -> pa.Schema:
+        """What the records hold (partition columns live in the directory names)."""
+        return stored_schema([f for f in schema if f.name not in self._partition_cols], self._record_type)
 
 
 class _PartFile:

@@ -78,7 +78,7 @@ from ray_tfrecord.index import (
     load_index,
     read_fingerprint,
 )
-from ray_tfrecord.schema import infer_schema
+from ray_tfrecord.schema import infer_schema, read_stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +157,10 @@ class TFRecordDatasource(Datasource):
             filesystem ``pyarrow.fs`` supports (local, ``s3://``, ``gs://``, HDFS...).
         record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (one
             ``binary`` column named ``record`` holding each record's payload).
-        schema: Arrow schema of the record columns. Inferred when absent (see
-            ``infer_sample_records``). Partition and ``path`` columns are added to it.
+        schema: Arrow schema of the record columns. When absent: the schema recorded by
+            the ``write_tfrecords`` that wrote the directory (exact types: strings stay
+            strings), else inferred (see ``infer_sample_records``). Partition and ``path``
+            columns are added to it.
         columns: Columns to produce (record, partition or ``path`` columns), in this
             order. Only these record columns are decoded. ``Dataset.select_columns``
             after the read is pushed down the same way.
@@ -282,7 +284,12 @@ class TFRecordDatasource(Datasource):
                 )
             schema = BYTE_ARRAY_SCHEMA
         elif schema is None:
-            schema = self._infer_schema(infer_sample_records, fixed_size_lists)
+            # A dataset this package wrote records its exact schema; others are sampled.
+            stored = read_stored_schema(self._filesystem, resolved[0], record_type) if len(resolved) == 1 else None
+            if stored is not None:
+                schema = stored.remove_metadata()
+            else:
+                schema = self._infer_schema(infer_sample_records, fixed_size_lists)
         # Partition values win over a record feature of the same name (as in Spark):
         # the directory is what the writer partitioned on.
         self._file_schema = pa.schema(

@@ -41,6 +41,29 @@ from .framing import RecordChunk
 
 _NONE = -1
 
+#: Where a dataset written by ray_tfrecord records its records' Arrow schema (hidden, like
+#: ``_SUCCESS``), so a read restores what TFRecord cannot carry: string vs binary, integer widths,
+#: fixed-size lists.
+SCHEMA_FILE = "_tfrecord_schema.arrow"
+_RECORD_TYPE_KEY = b"ray_tfrecord.record_type"
+
+
+def stored_schema(fields: Iterable[pa.Field], record_type: RecordType) -> pa.Schema:
+    """The schema to record for records of ``record_type`` with these fields."""
+    return pa.schema([f.remove_metadata() for f in fields], metadata={_RECORD_TYPE_KEY: record_type.encode()})
+
+
+def read_stored_schema(filesystem, root: str, record_type: RecordType | None = None) -> pa.Schema | None:
+    """The schema recorded under the dataset directory ``root``, if any (and if for ``record_type``)."""
+    try:
+        with filesystem.open_input_stream(f"{root.rstrip('/')}/{SCHEMA_FILE}", compression=None) as f:
+            schema = pa.ipc.read_schema(pa.py_buffer(f.read()))
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):
+        return None
+    if record_type is not None and (schema.metadata or {}).get(_RECORD_TYPE_KEY) != record_type.encode():
+        return None
+    return schema
+
 
 @dataclass
 class _Stats:

@@ -90,7 +90,7 @@ def test_convert_parquet_partitioned(ray_local, tmp_path, capsys):
     assert "v" in capsys.readouterr().err
     assert main(argv + ["--allow-float64-narrowing"]) == 0
     assert "wrote 4 records" in capsys.readouterr().out
-    assert sorted(os.listdir(dst)) == ["_SUCCESS", "day=1", "day=2", "day=3"]
+    assert sorted(os.listdir(dst)) == ["_SUCCESS", "_tfrecord_schema.arrow", "day=1", "day=2", "day=3"]
     (f,) = os.listdir(dst / "day=2")
     (rec,) = list(tf.data.TFRecordDataset(str(dst / "day=2" / f), compression_type="GZIP"))
     ex = tf.train.Example.FromString(rec.numpy())

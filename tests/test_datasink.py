@@ -43,7 +43,7 @@ def words_dataset():
 def test_seed_example_partitioned_round_trip(ray_local, tmp_path):
     out = tmp_path / "words"
     result = write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
-    assert sorted(os.listdir(out)) == ["_SUCCESS", "number=1", "number=2", "number=8"]
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "_tfrecord_schema.arrow", "number=1", "number=2", "number=8"]
     files = visible_files(out)
     assert files and all(PART_NAME.fullmatch(os.path.basename(f)) for f in files)
     assert result.num_rows == 60 and sorted(result.files) == files
@@ -129,7 +129,7 @@ def test_save_modes(ray_local, tmp_path):
     write_tfrecords(ray.data.from_items([{"x": -1}]), out, mode="overwrite")
     assert [r["x"] for r in read_tfrecords(out).take_all()] == [-1]
     assert not set(before) & set(visible_files(out))
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", os.path.basename(visible_files(out)[0]),
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", os.path.basename(visible_files(out)[0]),
                                                "." + os.path.basename(visible_files(out)[0]) + ".idx"])
 
 
@@ -138,7 +138,7 @@ def test_overwrite_partitioned_removes_old_partitions(ray_local, tmp_path):
     write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
     new = ray.data.from_items([{"number": 2, "word": "fresh"}])
     write_tfrecords(new, str(out), partition_cols=["number"], mode="overwrite")
-    assert sorted(os.listdir(out)) == ["_SUCCESS", "number=2"]
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "_tfrecord_schema.arrow", "number=2"]
     rows = read_tfrecords(str(out), schema=pa.schema([("word", pa.string())])).take_all()
     assert rows == [{"word": "fresh", "number": 2}]
 
@@ -236,8 +236,38 @@ def test_byte_array_round_trip_and_null_partition(ray_local, tmp_path):
     nulls = tmp_path / "nulls"
     ds = ray.data.from_items([{"k": None, "v": 1}, {"k": "a/b", "v": 2}])
     write_tfrecords(ds, str(nulls), partition_cols=["k"])
-    assert sorted(os.listdir(nulls)) == ["_SUCCESS", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb"]
+    assert sorted(os.listdir(nulls)) == ["_SUCCESS", "_tfrecord_schema.arrow", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb"]
     assert sorted(read_tfrecords(str(nulls)).take_all(), key=lambda r: r["v"]) == [
         {"v": 1, "k": None},
         {"v": 2, "k": "a/b"},
     ]
+
+
+def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
+    from ray_tfrecord.schema import SCHEMA_FILE
+
+    table = pa.table({
+        "name": pa.array(["a", "b"], pa.string()),
+        "small": pa.array([1, 2], pa.int32()),
+        "vec": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2)),
+        "part": pa.array([1, 2], pa.int64()),
+    })
+    out = str(tmp_path / "typed")
+    write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"])
+    assert os.path.exists(os.path.join(out, SCHEMA_FILE))
+    back = read_tfrecords(out)
+    assert back.schema().base_schema == pa.schema([("name", pa.string()), ("small", pa.int32()),
+                                                   ("vec", pa.list_(pa.float32(), 2)), ("part", pa.int64())])
+    assert sorted(back.take_all(), key=lambda r: r["part"])[0]["name"] == "a"
+
+    write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="append")  # same schema: kept
+    assert os.path.exists(os.path.join(out, SCHEMA_FILE)) and read_tfrecords(out).count() == 4
+
+    other = pa.table({"name": pa.array([b"\xff"], pa.binary()), "part": pa.array([3])})
+    write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
+    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))  # no longer true of every file
+    assert read_tfrecords(out).schema().base_schema.field("name").type == pa.binary()
+
+    write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="overwrite")
+    assert read_tfrecords(out).schema().base_schema.field("name").type == pa.string()
+    assert read_tfrecords(out, record_type="SequenceExample").schema().base_schema.field("name").type == pa.binary()

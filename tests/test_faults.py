@@ -207,7 +207,7 @@ def test_killed_write_worker_is_retried_and_commits_once(ray_local, tmp_path):
     # ...none of which survives: the commit moved only what the successful attempt
     # returned and then removed the whole staging directory.
     assert not any(os.path.exists(f) for f in staged_by_killed_attempt)
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS"] + [os.path.basename(p) for p in sink.result.files]
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow"] + [os.path.basename(p) for p in sink.result.files]
                                              + ["." + os.path.basename(p) + ".idx" for p in sink.result.files])
     assert visible_files(out) == sorted(sink.result.files)
     assert not set(old_files) & set(visible_files(out))
