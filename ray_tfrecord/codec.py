@@ -70,13 +70,18 @@ def record_type_code(record_type: str) -> int:
         raise ValueError(f"record_type must be one of {sorted(_RTYPES)}, not {record_type!r}") from None
 
 
+def _is_bytes(t: pa.DataType) -> bool:
+    """Binary or string in any of Arrow's layouts (plain, large, view)."""
+    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary_view(t) or pa.types.is_string_view(t))
+
+
 def _leaf_kind(t: pa.DataType) -> int | None:
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         return _INT64
     if pa.types.is_floating(t):
         return _FLOAT
-    if (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary_view(t) or pa.types.is_string_view(t)):
+    if _is_bytes(t):
         return _BYTES
     if pa.types.is_null(t):
         return _NULL

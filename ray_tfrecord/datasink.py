@@ -289,8 +289,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         # directory created in between, or fail on one another writer removed first. Locally an
         # rmdir is atomic and refuses a non-empty directory; elsewhere delete_dir removes a whole
         # prefix, so the (hidden, empty) prefix is left.
-        inner = self._fs.unwrap() if isinstance(self._fs, RetryingPyFileSystem) else self._fs
-        if isinstance(inner, pafs.LocalFileSystem):
+        if isinstance(_unwrapped(self._fs), pafs.LocalFileSystem):
             with contextlib.suppress(OSError):
                 os.rmdir(posixpath.dirname(self._staging))
 
@@ -467,9 +466,13 @@ def _hive_value(value: Any) -> str:
     return urllib.parse.quote(str(value), safe="")
 
 
+def _unwrapped(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """The filesystem under Ray's retrying wrapper."""
+    return fs.unwrap() if isinstance(fs, RetryingPyFileSystem) else fs
+
+
 def _is_s3(fs: pafs.FileSystem) -> bool:
-    inner = fs.unwrap() if isinstance(fs, RetryingPyFileSystem) else fs
-    return inner.type_name == "s3"
+    return _unwrapped(fs).type_name == "s3"
 
 
 def _make_dirs(fs: pafs.FileSystem, path: str) -> None:

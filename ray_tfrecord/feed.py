@@ -60,6 +60,8 @@ import pyarrow.compute as pc
 import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
+from ray_tfrecord.codec import _is_bytes, _is_var_list
+
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 
 # How much to pull from Ray per generator call (see _fetch_rows): up to this many
@@ -82,21 +84,6 @@ _NUMERIC_DTYPES: dict[pa.DataType, tf.DType] = {
     pa.float32(): tf.float32,
     pa.float64(): tf.float64,
 }
-
-
-def _is_bytes(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary_view(t)
-        or pa.types.is_string_view(t)
-    )
-
-
-def _is_var_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def _tensor_extension_shape(t: pa.DataType) -> tuple[int, ...] | None:
