@@ -92,9 +92,6 @@ _Tensor = tf.Tensor | tf.RaggedTensor
 _Converter = Callable[[pa.Array], tuple[np.ndarray, list[np.ndarray]]]
 
 
-# --- Arrow type -> tensor plan: one walk of the type per column -------------------------
-
-
 @dataclass(frozen=True)
 class _Plan:
     """How arrays of one Arrow type become a tensor, worked out once per column.
@@ -187,9 +184,6 @@ def _dense_plan(
     """A dense tensor of ``shape`` per row, from the rows' ``children`` converted by ``inner``."""
     convert = functools.partial(_dense_values, column=column, children=children, inner=inner.convert, shape=shape)
     return _Plan(0, shape, inner.dtype, convert)
-
-
-# --- converters (bound to their column by _plan) ----------------------------------------
 
 
 def _leaf_values(
@@ -295,9 +289,6 @@ def tensors_from_arrow(table: pa.Table, columns: Sequence[str] | None = None) ->
         plan = _plan(table.schema.field(name).type, name)
         out[name] = _tensor(*plan.convert(_single_chunk(table.column(name))))
     return out
-
-
-# --- the pieces of tf_dataset -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -552,8 +543,8 @@ def tf_dataset(
 
     dataset = tf.data.Dataset.from_generator(lambda: map(packing.pack, fetches), output_signature=packing.signature())
     dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
-    if batching.fetch_rows > batch_size:
-        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batch_size))
+    if batching.fetch_rows > batching.batch_size:
+        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
     dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label))
     if steps_per_epoch is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps_per_epoch))
