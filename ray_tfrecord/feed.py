@@ -51,12 +51,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray.train
 import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
@@ -64,8 +67,8 @@ from ray_tfrecord.codec import _is_bytes, _is_var_list
 
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 
-# How much to pull from Ray per generator call (see _fetch_rows): up to this many
-# rows, and about this many bytes. Variable-length columns are guessed at _VAR_BYTES.
+# How much to pull from Ray per generator call (see _Batching.fitting): up to this
+# many rows, and about this many bytes. Variable-length columns are guessed at _VAR_BYTES.
 _FETCH_ROWS = 4096
 _FETCH_BYTES = 16 << 20
 _VAR_BYTES = 64
@@ -85,6 +88,81 @@ _NUMERIC_DTYPES: dict[pa.DataType, tf.DType] = {
     pa.float64(): tf.float64,
 }
 
+_Tensor = tf.Tensor | tf.RaggedTensor
+_Converter = Callable[[pa.Array], tuple[np.ndarray, list[np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How arrays of one Arrow type become a tensor, worked out once per column.
+
+    The tensor has ``ragged_rank`` variable-length levels over fixed
+    ``inner_shape`` dims of ``dtype``.  ``convert`` splits an array into leaf
+    values shaped ``(k, *inner_shape)`` (a zero-copy view of the Arrow buffer
+    for numeric types) and one int64 row-splits array per ragged level (the
+    rebased Arrow offsets), so no work is done per row.
+    """
+
+    ragged_rank: int
+    inner_shape: tuple[int, ...]
+    dtype: tf.DType
+    convert: _Converter
+
+    @property
+    def spec(self) -> tf.TypeSpec:
+        if self.ragged_rank == 0:
+            return tf.TensorSpec((None, *self.inner_shape), self.dtype)
+        return tf.RaggedTensorSpec(
+            shape=(None,) * (self.ragged_rank + 1) + self.inner_shape,
+            dtype=self.dtype,
+            ragged_rank=self.ragged_rank,
+            row_splits_dtype=tf.int64,
+        )
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row takes: exact for dense numeric tensors, a guess otherwise."""
+        if self.ragged_rank or self.dtype == tf.string:
+            return _VAR_BYTES
+        return int(np.prod(self.inner_shape)) * self.dtype.size
+
+    @property
+    def component_specs(self) -> list[tuple[tuple[int, ...], tf.DType]]:
+        """Inner shape and dtype of each array ``convert`` returns, values first."""
+        return [(self.inner_shape, self.dtype)] + [((), tf.int64)] * self.ragged_rank
+
+
+def _plan(t: pa.DataType, column: str) -> _Plan:
+    """The plan for Arrow type ``t``; raises TypeError for types TensorFlow cannot hold."""
+    shape = _tensor_extension_shape(t)
+    if shape is not None:
+        leaf = _plan(t.storage_type.value_type, column)
+        if leaf.ragged_rank or leaf.inner_shape or 0 in shape:
+            raise TypeError(f"column {column!r}: tensor extension {t} is not supported")
+        return _dense_plan(leaf, shape, _tensor_storage_values, column)
+    if _is_var_list(t):
+        inner = _plan(t.value_type, column)
+        convert = functools.partial(_ragged_values, inner=inner.convert)
+        return _Plan(inner.ragged_rank + 1, inner.inner_shape, inner.dtype, convert)
+    if pa.types.is_fixed_size_list(t):
+        inner = _plan(t.value_type, column)
+        if inner.ragged_rank:
+            raise TypeError(
+                f"column {column!r}: a fixed-size list of variable-length lists ({t}) "
+                "has no tf.RaggedTensor equivalent; store it as list<list<T>>"
+            )
+        if t.list_size == 0:
+            raise TypeError(f"column {column!r}: zero-length fixed-size lists are not supported")
+        return _dense_plan(inner, (t.list_size, *inner.inner_shape), pa.FixedSizeListArray.flatten, column)
+    if _is_bytes(t):
+        # Views have no numpy conversion; Arrow packs strings into one buffer, so copy.
+        as_binary = pa.types.is_binary_view(t) or pa.types.is_string_view(t)
+        return _leaf_plan(tf.string, column, zero_copy=False, as_binary=as_binary)
+    if t in _NUMERIC_DTYPES:
+        # Arrow packs booleans into bits: those must be copied.
+        return _leaf_plan(_NUMERIC_DTYPES[t], column, zero_copy=t != pa.bool_(), as_binary=False)
+    raise TypeError(f"column {column!r}: Arrow type {t} has no TensorFlow equivalent")
+
 
 def _tensor_extension_shape(t: pa.DataType) -> tuple[int, ...] | None:
     """Shape of a fixed-shape tensor extension type (Ray's or Arrow's), else None."""
@@ -95,64 +173,52 @@ def _tensor_extension_shape(t: pa.DataType) -> tuple[int, ...] | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """How one Arrow column maps onto a tensor: ragged levels, then fixed dims."""
-
-    ragged_rank: int
-    inner_shape: tuple[int, ...]
-    dtype: tf.DType
+def _leaf_plan(dtype: tf.DType, column: str, *, zero_copy: bool, as_binary: bool) -> _Plan:
+    convert = functools.partial(_leaf_values, column=column, zero_copy=zero_copy, as_binary=as_binary)
+    return _Plan(0, (), dtype, convert)
 
 
-def _layout(t: pa.DataType, column: str) -> _Layout:
-    shape = _tensor_extension_shape(t)
-    if shape is not None:
-        leaf = _layout(t.storage_type.value_type, column)
-        if leaf.ragged_rank or leaf.inner_shape or 0 in shape:
-            raise TypeError(f"column {column!r}: tensor extension {t} is not supported")
-        return _Layout(0, shape, leaf.dtype)
-    if _is_var_list(t):
-        inner = _layout(t.value_type, column)
-        return _Layout(inner.ragged_rank + 1, inner.inner_shape, inner.dtype)
-    if pa.types.is_fixed_size_list(t):
-        inner = _layout(t.value_type, column)
-        if inner.ragged_rank:
-            raise TypeError(
-                f"column {column!r}: a fixed-size list of variable-length lists ({t}) "
-                "has no tf.RaggedTensor equivalent; store it as list<list<T>>"
-            )
-        if t.list_size == 0:
-            raise TypeError(f"column {column!r}: zero-length fixed-size lists are not supported")
-        return _Layout(0, (t.list_size, *inner.inner_shape), inner.dtype)
-    if _is_bytes(t):
-        return _Layout(0, (), tf.string)
-    if t in _NUMERIC_DTYPES:
-        return _Layout(0, (), _NUMERIC_DTYPES[t])
-    raise TypeError(f"column {column!r}: Arrow type {t} has no TensorFlow equivalent")
+def _dense_plan(
+    inner: _Plan, shape: tuple[int, ...], children: Callable[[pa.Array], pa.Array], column: str
+) -> _Plan:
+    """A dense tensor of ``shape`` per row, from the rows' ``children`` converted by ``inner``."""
+    convert = functools.partial(_dense_values, column=column, children=children, inner=inner.convert, shape=shape)
+    return _Plan(0, shape, inner.dtype, convert)
 
 
-def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
-    """The ``tf.TypeSpec`` of a batch of one Arrow column, as ``tf_dataset`` yields it.
+def _leaf_values(
+    arr: pa.Array, *, column: str, zero_copy: bool, as_binary: bool
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    if arr.null_count:
+        _refuse_nulls(arr, column)
+    if as_binary:
+        arr = arr.cast(pa.large_binary())
+    return arr.to_numpy(zero_copy_only=zero_copy), []
 
-    ``fixed_size_list<T>[n]`` (nested for more dimensions) and fixed-shape tensor
-    extension types give a dense ``tf.TensorSpec`` of shape ``(None, *dims)``;
-    each variable-length ``list`` level adds a ragged dimension
-    (``tf.RaggedTensorSpec`` with int64 row splits); binary and string give
-    ``tf.string``.
 
-    >>> import pyarrow as pa
-    >>> type_spec(pa.list_(pa.list_(pa.float32())))
-    RaggedTensorSpec(TensorShape([None, None, None]), tf.float32, 2, tf.int64)
-    """
-    layout = _layout(arrow_type, "<column>")
-    if layout.ragged_rank == 0:
-        return tf.TensorSpec((None, *layout.inner_shape), layout.dtype)
-    return tf.RaggedTensorSpec(
-        shape=(None,) * (layout.ragged_rank + 1) + layout.inner_shape,
-        dtype=layout.dtype,
-        ragged_rank=layout.ragged_rank,
-        row_splits_dtype=tf.int64,
-    )
+def _ragged_values(arr: pa.Array, *, inner: _Converter) -> tuple[np.ndarray, list[np.ndarray]]:
+    child, splits = _list_children(arr)
+    values, nested = inner(child)
+    return values, [splits, *nested]
+
+
+def _dense_values(
+    arr: pa.Array,
+    *,
+    column: str,
+    children: Callable[[pa.Array], pa.Array],
+    inner: _Converter,
+    shape: tuple[int, ...],
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    if arr.null_count:
+        _refuse_nulls(arr, column)
+    values, _ = inner(children(arr))
+    return values.reshape((len(arr), *shape)), []
+
+
+def _tensor_storage_values(arr: pa.Array) -> pa.Array:
+    # Ray stores tensors as (large) lists of the flattened elements.
+    return _list_children(arr.storage)[0]
 
 
 def _refuse_nulls(arr: pa.Array, column: str) -> None:
@@ -161,61 +227,6 @@ def _refuse_nulls(arr: pa.Array, column: str) -> None:
         "variable-length list; TensorFlow tensors cannot hold nulls "
         "(fill them first, e.g. with Dataset.map_batches and pyarrow.compute.fill_null)"
     )
-
-
-_Converter = Callable[[pa.Array], tuple[np.ndarray, list[np.ndarray]]]
-
-
-def _converter(t: pa.DataType, column: str) -> _Converter:
-    """The function that splits arrays of type ``t`` into leaf values and int64 row splits.
-
-    Leaf values come shaped ``(k, *inner)``, as a zero-copy view of the Arrow
-    buffer for numeric types; row splits are the (rebased) Arrow offsets, so no
-    work is done per row.  The type dispatch happens here, once per column,
-    rather than on every batch.
-    """
-    shape = _tensor_extension_shape(t)
-    if shape is not None:
-        leaf = _converter(t.storage_type.value_type, column)
-
-        def tensor(arr: pa.Array) -> tuple[np.ndarray, list[np.ndarray]]:
-            if arr.null_count:
-                _refuse_nulls(arr, column)
-            values, _ = leaf(_list_children(arr.storage)[0])
-            return values.reshape((len(arr), *shape)), []
-
-        return tensor
-    if _is_var_list(t):
-        inner = _converter(t.value_type, column)
-
-        def var_list(arr: pa.Array) -> tuple[np.ndarray, list[np.ndarray]]:
-            child, splits = _list_children(arr)
-            values, nested = inner(child)
-            return values, [splits, *nested]
-
-        return var_list
-    if pa.types.is_fixed_size_list(t):
-        inner, size = _converter(t.value_type, column), t.list_size
-
-        def fixed(arr: pa.Array) -> tuple[np.ndarray, list[np.ndarray]]:
-            if arr.null_count:
-                _refuse_nulls(arr, column)
-            values, _ = inner(arr.flatten())
-            return values.reshape((len(arr), size, *values.shape[1:])), []
-
-        return fixed
-    # Arrow packs booleans into bits and strings into one buffer: those must be copied.
-    zero_copy = not _is_bytes(t) and t != pa.bool_()
-    as_binary = pa.types.is_binary_view(t) or pa.types.is_string_view(t)
-
-    def leaf_values(arr: pa.Array) -> tuple[np.ndarray, list[np.ndarray]]:
-        if arr.null_count:
-            _refuse_nulls(arr, column)
-        if as_binary:
-            arr = arr.cast(pa.large_binary())
-        return arr.to_numpy(zero_copy_only=zero_copy), []
-
-    return leaf_values
 
 
 def _list_children(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -232,78 +243,35 @@ def _list_children(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return arr.values.slice(start, end - start), (offsets - start).astype(np.int64, copy=False)
 
 
-@dataclass(frozen=True)
-class _Column:
-    name: str
-    layout: _Layout
-    convert: _Converter
-
-
-class _Packing:
-    """Carries a batch's arrays through ``from_generator`` as one buffer per dtype.
-
-    ``from_generator`` pays a fixed cost for every array it converts, which for
-    a 25-column batch outweighs copying the data, so the components (leaf
-    values and row splits of every column) are concatenated per dtype on the
-    Python side and split apart again inside the ``tf.data`` graph.
-    """
-
-    def __init__(self, plan: list[_Column]) -> None:
-        self.inner_shapes: list[tuple[int, ...]] = []
-        dtypes: list[tf.DType] = []
-        for col in plan:
-            self.inner_shapes.append(col.layout.inner_shape)
-            dtypes.append(col.layout.dtype)
-            self.inner_shapes.extend([()] * col.layout.ragged_rank)
-            dtypes.extend([tf.int64] * col.layout.ragged_rank)
-        self.dtypes = list(dict.fromkeys(dtypes))
-        self.members = [[i for i, d in enumerate(dtypes) if d == g] for g in self.dtypes]
-
-    def signature(self) -> tuple[tf.TensorSpec, ...]:
-        buffers = tuple(tf.TensorSpec((None,), d) for d in self.dtypes)
-        return (*buffers, tf.TensorSpec((len(self.inner_shapes),), tf.int64))
-
-    def pack(self, components: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-        lengths = np.fromiter((c.size for c in components), np.int64, len(components))
-        buffers = []
-        for members in self.members:
-            flat = [components[i].reshape(-1) for i in members]
-            buffers.append(flat[0] if len(flat) == 1 else np.concatenate(flat))
-        return (*buffers, lengths)
-
-    def unpack(self, *tensors: tf.Tensor) -> list[tf.Tensor]:
-        *buffers, lengths = tensors
-        components: list[tf.Tensor] = [None] * len(self.inner_shapes)  # type: ignore[list-item]
-        for buffer, members in zip(buffers, self.members, strict=True):
-            pieces = [buffer] if len(members) == 1 else tf.split(buffer, tf.gather(lengths, members), num=len(members))
-            for i, piece in zip(members, pieces, strict=True):
-                components[i] = tf.reshape(piece, (-1, *self.inner_shapes[i]))
-        return components
-
-
-def _fetch_rows(plan: list[_Column], batch_size: int, shuffle_buffer: int | None) -> int:
-    """Rows to pull from Ray per trip through ``from_generator``, a multiple of ``batch_size``.
-
-    ``from_generator`` has a fixed cost per element, so several batches travel
-    together (about ``_FETCH_BYTES``) and the graph slices them apart again.
-    Ray's local shuffle cannot hand out more rows than its buffer holds.
-    """
-    row_bytes = 0
-    for col in plan:
-        dense = col.layout.ragged_rank == 0 and col.layout.dtype != tf.string
-        row_bytes += int(np.prod(col.layout.inner_shape)) * col.layout.dtype.size if dense else _VAR_BYTES
-    rows = min(_FETCH_ROWS, _FETCH_BYTES // max(row_bytes, 1))
-    if shuffle_buffer is not None:
-        rows = min(rows, shuffle_buffer)
-    return max(batch_size, rows - rows % batch_size)
-
-
 def _single_chunk(col: pa.ChunkedArray) -> pa.Array:
     if col.num_chunks == 1:
         return col.chunk(0)
     if col.num_chunks == 0:
         return pa.array([], type=col.type)
     return col.combine_chunks()
+
+
+def _tensor(values: Any, splits: Sequence[Any]) -> _Tensor:
+    """Values and row splits (numpy eagerly, tensors in the graph) as one tensor."""
+    if splits:
+        return tf.RaggedTensor.from_nested_row_splits(values, splits, validate=False)
+    return tf.convert_to_tensor(values)
+
+
+def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
+    """The ``tf.TypeSpec`` of a batch of one Arrow column, as ``tf_dataset`` yields it.
+
+    ``fixed_size_list<T>[n]`` (nested for more dimensions) and fixed-shape tensor
+    extension types give a dense ``tf.TensorSpec`` of shape ``(None, *dims)``;
+    each variable-length ``list`` level adds a ragged dimension
+    (``tf.RaggedTensorSpec`` with int64 row splits); binary and string give
+    ``tf.string``.
+
+    >>> import pyarrow as pa
+    >>> type_spec(pa.list_(pa.list_(pa.float32())))
+    RaggedTensorSpec(TensorShape([None, None, None]), tf.float32, 2, tf.int64)
+    """
+    return _plan(arrow_type, "<column>").spec
 
 
 def tensors_from_arrow(table: pa.Table, columns: Sequence[str] | None = None) -> dict[str, tf.Tensor | tf.RaggedTensor]:
@@ -316,30 +284,183 @@ def tensors_from_arrow(table: pa.Table, columns: Sequence[str] | None = None) ->
     >>> tensors_from_arrow(pa.table({"x": pa.array([[1], [2, 3]])}))["x"]
     <tf.RaggedTensor [[1], [2, 3]]>
     """
-    out: dict[str, tf.Tensor | tf.RaggedTensor] = {}
+    out: dict[str, _Tensor] = {}
     for name in table.column_names if columns is None else columns:
-        arrow_type = table.schema.field(name).type
-        _layout(arrow_type, name)  # refuses types TensorFlow cannot hold
-        values, splits = _converter(arrow_type, name)(_single_chunk(table.column(name)))
-        out[name] = (
-            tf.RaggedTensor.from_nested_row_splits(values, splits, validate=False)
-            if splits
-            else tf.convert_to_tensor(values)
-        )
+        plan = _plan(table.schema.field(name).type, name)
+        out[name] = _tensor(*plan.convert(_single_chunk(table.column(name))))
     return out
 
 
-def _arrow_schema(source: DataIterator | Dataset) -> pa.Schema:
-    schema = source.schema()
-    if schema is None:
-        raise ValueError("the dataset is empty or its schema is unknown")
-    return schema if isinstance(schema, pa.Schema) else schema.base_schema
+@dataclass(frozen=True)
+class _Batching:
+    """Rows per element (``batch_size``) and per trip through ``from_generator``.
+
+    ``from_generator`` has a fixed cost per element, so several batches travel
+    together (``fetch_rows``, a multiple of ``batch_size``) and the graph slices
+    them apart again.
+    """
+
+    batch_size: int
+    fetch_rows: int
+
+    @classmethod
+    def fitting(cls, plans: Iterable[_Plan], batch_size: int, shuffle_buffer: int | None) -> _Batching:
+        """Fetches of about ``_FETCH_BYTES``, within Ray's local shuffle buffer, which
+        cannot hand out more rows than it holds."""
+        rows = min(_FETCH_ROWS, _FETCH_BYTES // max(sum(p.row_bytes for p in plans), 1))
+        if shuffle_buffer is not None:
+            rows = min(rows, shuffle_buffer)
+        return cls(batch_size, max(batch_size, rows - rows % batch_size))
+
+    def batches_in(self, rows: int, drop_remainder: bool) -> int:
+        """Batches a fetch of ``rows`` makes: the full ones, plus the tail if kept."""
+        full, tail = divmod(rows, self.batch_size)
+        return full + (1 if tail and not drop_remainder else 0)
+
+
+@dataclass(frozen=True)
+class _Fetches:
+    """One epoch of Arrow tables from Ray per iteration, each cut to whole batches."""
+
+    iterator: DataIterator
+    batching: _Batching
+    drop_remainder: bool
+    steps_per_epoch: int | None
+    iter_options: dict[str, Any]
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        stream = iter(
+            self.iterator.iter_batches(
+                batch_size=self.batching.fetch_rows, batch_format="pyarrow", drop_last=False, **self.iter_options
+            )
+        )
+        produced = 0
+        try:
+            for table in stream:
+                # Only the last fetch of an epoch can be short.
+                count = self.batching.batches_in(table.num_rows, self.drop_remainder)
+                if self.steps_per_epoch is not None:
+                    count = min(count, self.steps_per_epoch - produced)
+                if count == 0:
+                    break
+                produced += count
+                yield table.slice(0, count * self.batching.batch_size)
+                if produced == self.steps_per_epoch:
+                    break
+        finally:
+            # Stops Ray's prefetching threads when TensorFlow abandons the epoch early.
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        if self.steps_per_epoch is not None and produced < self.steps_per_epoch:
+            raise RuntimeError(
+                f"this shard gave only {produced} full batches of {self.batching.batch_size} rows "
+                f"but steps_per_epoch={self.steps_per_epoch}; failing instead of leaving "
+                "the other ranks waiting in a collective"
+            )
+
+
+class _Packing:
+    """Carries a fetch's arrays through ``from_generator`` as one buffer per dtype.
+
+    ``from_generator`` pays a fixed cost for every array it converts, which for
+    a 25-column batch outweighs copying the data, so the components (leaf
+    values and row splits of every column) are concatenated per dtype on the
+    Python side and split apart again inside the ``tf.data`` graph.
+    """
+
+    def __init__(self, plans: dict[str, _Plan]) -> None:
+        self.plans = plans
+        components = [spec for plan in plans.values() for spec in plan.component_specs]
+        self.inner_shapes = [shape for shape, _ in components]
+        self.dtypes = list(dict.fromkeys(dtype for _, dtype in components))
+        self.members = [[i for i, (_, d) in enumerate(components) if d == g] for g in self.dtypes]
+
+    def signature(self) -> tuple[tf.TensorSpec, ...]:
+        buffers = tuple(tf.TensorSpec((None,), d) for d in self.dtypes)
+        return (*buffers, tf.TensorSpec((len(self.inner_shapes),), tf.int64))
+
+    def pack(self, table: pa.Table) -> tuple[np.ndarray, ...]:
+        components: list[np.ndarray] = []
+        for name, plan in self.plans.items():
+            values, splits = plan.convert(_single_chunk(table.column(name)))
+            components.append(values)
+            components.extend(splits)
+        lengths = np.fromiter((c.size for c in components), np.int64, len(components))
+        buffers = []
+        for members in self.members:
+            flat = [components[i].reshape(-1) for i in members]
+            buffers.append(flat[0] if len(flat) == 1 else np.concatenate(flat))
+        return (*buffers, lengths)
+
+    @tf.autograph.experimental.do_not_convert
+    def unpack(self, *tensors: tf.Tensor) -> dict[str, _Tensor]:
+        *buffers, lengths = tensors
+        components: list[tf.Tensor] = [None] * len(self.inner_shapes)  # type: ignore[list-item]
+        for buffer, members in zip(buffers, self.members, strict=True):
+            pieces = [buffer] if len(members) == 1 else tf.split(buffer, tf.gather(lengths, members), num=len(members))
+            for i, piece in zip(members, pieces, strict=True):
+                components[i] = tf.reshape(piece, (-1, *self.inner_shapes[i]))
+        out, i = {}, 0
+        for name, plan in self.plans.items():
+            out[name] = _tensor(components[i], components[i + 1 : i + 1 + plan.ragged_rank])
+            i += 1 + plan.ragged_rank
+        return out
+
+
+@tf.autograph.experimental.do_not_convert
+def _split_batches(tensors: dict[str, _Tensor], batch_size: int) -> tf.data.Dataset:
+    """A fetch's tensors as a dataset of ``batch_size``-row slices."""
+    first = next(iter(tensors.values()))
+    rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first, out_type=tf.int64)[0]
+    starts = tf.data.Dataset.range(0, rows, batch_size)
+    return starts.map(lambda s: {n: t[s : s + batch_size] for n, t in tensors.items()})
+
+
+@tf.autograph.experimental.do_not_convert
+def _model_inputs(
+    tensors: dict[str, _Tensor], features: str | Sequence[str], label: str | Sequence[str] | None
+) -> Any:
+    """``features`` or ``(features, label)``, each one tensor (one name) or a dict."""
+    x = _pick(tensors, features)
+    return x if label is None else (x, _pick(tensors, label))
+
+
+def _pick(tensors: dict[str, _Tensor], columns: str | Sequence[str]) -> _Tensor | dict[str, _Tensor]:
+    return tensors[columns] if isinstance(columns, str) else {n: tensors[n] for n in columns}
 
 
 def _names(columns: str | Sequence[str] | None) -> list[str]:
     if columns is None:
         return []
     return [columns] if isinstance(columns, str) else list(columns)
+
+
+def _column_plans(source: DataIterator, columns: list[str]) -> dict[str, _Plan]:
+    """A plan per distinct column, in order; raises if a column is missing or unsupported."""
+    schema = source.schema()
+    if schema is None:
+        raise ValueError("the dataset is empty or its schema is unknown")
+    if not isinstance(schema, pa.Schema):
+        schema = schema.base_schema
+    wanted = list(dict.fromkeys(columns))
+    missing = [c for c in wanted if c not in schema.names]
+    if missing:
+        raise ValueError(f"columns {missing} are not in the dataset; it has {schema.names}")
+    return {c: _plan(schema.field(c).type, c) for c in wanted}
+
+
+def _world_size() -> int:
+    """Workers in this Ray Train run; 1 outside one (driver, Ray task, Tune function).
+
+    Ray Train v2 raises RuntimeError outside a training function, and
+    DeprecationWarning inside a plain Tune function: both mean no peers share
+    a collective with this process.
+    """
+    try:
+        return ray.train.get_context().get_world_size()
+    except (RuntimeError, DeprecationWarning):
+        return 1
 
 
 def tf_dataset(
@@ -369,8 +490,9 @@ def tf_dataset(
             size; see the module docstring).
         drop_remainder: Yield only full batches (see the module docstring for why
             this keeps ranks in step).  ``False`` keeps the last partial batch;
-            that is refused on a multi-worker shard unless ``steps_per_epoch``
-            is given, because ranks could then disagree on the step count.
+            inside a Ray Train run of several workers that is refused unless
+            ``steps_per_epoch`` is given, because ranks could then disagree on
+            the step count.
         steps_per_epoch: Yield exactly this many batches per epoch, raising if
             the source runs short.  ``None`` means as many as the data gives.
         cache: Keep the converted batches in memory after the first epoch so
@@ -394,103 +516,36 @@ def tf_dataset(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if steps_per_epoch is not None and steps_per_epoch <= 0:
         raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-    iterator = source.iterator() if isinstance(source, Dataset) else source
-    world_size = iterator.world_size() if hasattr(iterator, "world_size") else 1
-    if not drop_remainder and steps_per_epoch is None and world_size > 1:
+    if not drop_remainder and steps_per_epoch is None and (world_size := _world_size()) > 1:
         raise ValueError(
-            f"drop_remainder=False on one of {world_size} shards would let ranks run "
+            f"drop_remainder=False on one of {world_size} workers would let ranks run "
             "different step counts and hang synchronous training; keep "
             "drop_remainder=True or pass steps_per_epoch"
         )
-
     feature_names, label_names = _names(features), _names(label)
     if not feature_names:
         raise ValueError("features must name at least one column")
-    schema = _arrow_schema(iterator)
-    wanted = list(dict.fromkeys(feature_names + label_names))
-    missing = [c for c in wanted if c not in schema.names]
-    if missing:
-        raise ValueError(f"columns {missing} are not in the dataset; it has {schema.names}")
-    plan = [_Column(c, _layout(schema.field(c).type, c), _converter(schema.field(c).type, c)) for c in wanted]
-    packing = _Packing(plan)
+    iterator = source.iterator() if isinstance(source, Dataset) else source
+    plans = _column_plans(iterator, feature_names + label_names)
+    batching = _Batching.fitting(plans.values(), batch_size, local_shuffle_buffer_size)
+    packing = _Packing(plans)
+    fetches = _Fetches(
+        iterator,
+        batching,
+        drop_remainder,
+        steps_per_epoch,
+        {
+            "prefetch_batches": ray_prefetch_batches,
+            "local_shuffle_buffer_size": local_shuffle_buffer_size,
+            "local_shuffle_seed": local_shuffle_seed,
+        },
+    )
 
-    group = _fetch_rows(plan, batch_size, local_shuffle_buffer_size) // batch_size
-
-    def batches() -> Iterator[tuple[np.ndarray, ...]]:
-        stream = iter(
-            iterator.iter_batches(
-                batch_size=group * batch_size,
-                batch_format="pyarrow",
-                drop_last=False,
-                prefetch_batches=ray_prefetch_batches,
-                local_shuffle_buffer_size=local_shuffle_buffer_size,
-                local_shuffle_seed=local_shuffle_seed,
-            )
-        )
-        produced = 0
-        try:
-            for table in stream:
-                # Only the last fetch of an epoch can be short; cut it to whole batches
-                # (or keep the tail as one partial batch when drop_remainder=False).
-                full, tail = divmod(table.num_rows, batch_size)
-                count = full + (1 if tail and not drop_remainder else 0)
-                if steps_per_epoch is not None:
-                    count = min(count, steps_per_epoch - produced)
-                if count == 0:
-                    break
-                table = table.slice(0, min(table.num_rows, count * batch_size))
-                components: list[np.ndarray] = []
-                for col in plan:
-                    values, splits = col.convert(_single_chunk(table.column(col.name)))
-                    components.append(values)
-                    components.extend(splits)
-                produced += count
-                yield packing.pack(components)
-                if produced == steps_per_epoch:
-                    break
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-        if steps_per_epoch is not None and produced < steps_per_epoch:
-            raise RuntimeError(
-                f"this shard gave only {produced} full batches of {batch_size} rows "
-                f"but steps_per_epoch={steps_per_epoch}; failing instead of leaving "
-                "the other ranks waiting in a collective"
-            )
-
-    @tf.autograph.experimental.do_not_convert
-    def assemble(*packed: tf.Tensor) -> dict[str, tf.Tensor | tf.RaggedTensor]:
-        parts = packing.unpack(*packed)
-        tensors = {}
-        i = 0
-        for col in plan:
-            rr = col.layout.ragged_rank
-            values, splits = parts[i], list(parts[i + 1 : i + 1 + rr])
-            i += 1 + rr
-            tensors[col.name] = tf.RaggedTensor.from_nested_row_splits(values, splits, validate=False) if rr else values
-        return tensors
-
-    @tf.autograph.experimental.do_not_convert
-    def split(tensors: dict[str, tf.Tensor | tf.RaggedTensor]) -> tf.data.Dataset:
-        first = tensors[plan[0].name]
-        rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first, out_type=tf.int64)[0]
-        starts = tf.data.Dataset.range(0, rows, batch_size)
-        return starts.map(lambda s: {n: t[s : s + batch_size] for n, t in tensors.items()})
-
-    @tf.autograph.experimental.do_not_convert
-    def structure(tensors: dict[str, tf.Tensor | tf.RaggedTensor]):
-        x = tensors[features] if isinstance(features, str) else {n: tensors[n] for n in feature_names}
-        if label is None:
-            return x
-        y = tensors[label] if isinstance(label, str) else {n: tensors[n] for n in label_names}
-        return x, y
-
-    dataset = tf.data.Dataset.from_generator(batches, output_signature=packing.signature())
-    dataset = dataset.map(assemble, num_parallel_calls=tf.data.AUTOTUNE)
-    if group > 1:
-        dataset = dataset.flat_map(split)
-    dataset = dataset.map(structure)
+    dataset = tf.data.Dataset.from_generator(lambda: map(packing.pack, fetches), output_signature=packing.signature())
+    dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
+    if batching.fetch_rows > batching.batch_size:
+        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
+    dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label))
     if steps_per_epoch is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps_per_epoch))
     if cache:

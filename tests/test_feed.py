@@ -1,11 +1,13 @@
 """The tf.data feed: specs from Arrow, values against TensorFlow's own parser, equal steps."""
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import ray
+import ray.train
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -181,38 +183,63 @@ def test_drop_remainder_and_steps_per_epoch(ray_local):
         list(tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=11))
 
 
+def _run_ranks(feeds: list, epochs: int) -> list[list[list[int]]]:
+    """Consume every rank's feed concurrently, as training workers would: each rank's batches of ids."""
+    batches = [[] for _ in feeds]
+
+    def consume(rank):
+        for _ in range(epochs):
+            batches[rank].extend(b.numpy().tolist() for b in feeds[rank])
+
+    threads = [threading.Thread(target=consume, args=(r,)) for r in range(len(feeds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return batches
+
+
 def test_every_rank_gets_the_same_number_of_batches(ray_local):
-    """streaming_split(equal=True) + drop-the-remainder: equal steps for awkward row counts."""
+    """streaming_split(equal=True) + drop-the-remainder: equal steps for awkward row counts.
+
+    Plain split iterators on the driver, outside Ray Train: the rule must not
+    depend on Ray Train's world size (here 1) nor on the iterator knowing it.
+    """
     batch_size = 8
     for rows, workers in [(1001, 3), (50, 3), (97, 2), (24, 3)]:
         shards = ray.data.range(rows, override_num_blocks=7).streaming_split(workers, equal=True)
-        feeds = [tf_dataset(s, features="id", batch_size=batch_size) for s in shards]
-        counts, seen = [0] * workers, [[] for _ in range(workers)]
-
-        def consume(rank, feeds=feeds, counts=counts, seen=seen):
-            for _ in range(2):
-                for batch in feeds[rank]:
-                    counts[rank] += 1
-                    seen[rank].extend(batch.numpy().tolist())
-
-        threads = [threading.Thread(target=consume, args=(r,)) for r in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads)
+        batches = _run_ranks([tf_dataset(s, features="id", batch_size=batch_size) for s in shards], epochs=2)
+        counts = [len(b) for b in batches]
         expected = 2 * ((rows // workers) // batch_size)
         assert counts == [expected] * workers, (rows, workers, counts)
-        flat = [i for s in seen for i in s]
+        assert {len(b) for rank in batches for b in rank} <= {batch_size}
+        flat = [i for rank in batches for b in rank for i in b]
         assert len(flat) == workers * expected * batch_size
         # Two epochs: every row at most twice, i.e. the shards are disjoint.
         assert set(flat) <= set(range(rows)) and max(np.bincount(flat)) <= 2
 
 
-def test_unequal_shards_refuse_partial_batches(ray_local):
+def test_unequal_shards_refuse_partial_batches(ray_local, monkeypatch):
+    # The world size is Ray Train's (its public context, stubbed here; test_train.py
+    # checks a real run): there, ranks train in lockstep and unequal shards would hang.
+    monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(get_world_size=lambda: 2))
     shard = ray.data.range(10).streaming_split(2, equal=False)[0]
     with pytest.raises(ValueError, match="drop_remainder"):
         tf_dataset(shard, features="id", batch_size=4, drop_remainder=False)
+    # A whole dataset per rank (each reading its own files) is no safer.
+    with pytest.raises(ValueError, match="drop_remainder"):
+        tf_dataset(ray.data.range(10), features="id", batch_size=4, drop_remainder=False)
+    fixed = tf_dataset(shard, features="id", batch_size=4, drop_remainder=False, steps_per_epoch=1)
+    assert fixed.cardinality().numpy() == 1
+
+
+def test_partial_batches_are_kept_outside_ray_train(ray_local):
+    """On the driver no rank waits for another, so even unequal split shards keep their tails."""
+    shards = ray.data.range(10).streaming_split(2, equal=False)
+    feeds = [tf_dataset(s, features="id", batch_size=4, drop_remainder=False) for s in shards]
+    batches = _run_ranks(feeds, epochs=1)
+    assert sorted(i for rank in batches for b in rank for i in b) == list(range(10))
 
 
 def test_epochs_reread_unless_cached(ray_local, tmp_path):

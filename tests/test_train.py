@@ -59,9 +59,14 @@ def _equal_steps_loop(config):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         model = _build_model(tf)
-    feed = tf_dataset(
-        ray.train.get_dataset_shard("train"), features=["x", "tokens"], label="y", batch_size=config["batch_size"]
-    )
+    shard = ray.train.get_dataset_shard("train")
+    feed = tf_dataset(shard, features=["x", "tokens"], label="y", batch_size=config["batch_size"])
+    # The feed reads the world size from Ray Train's context: a partial last batch is refused here.
+    try:
+        tf_dataset(shard, features="x", batch_size=config["batch_size"], drop_remainder=False)
+        partial_refused = False
+    except ValueError:
+        partial_refused = True
     steps = []
 
     class CountSteps(tf.keras.callbacks.Callback):
@@ -73,7 +78,7 @@ def _equal_steps_loop(config):
 
     history = model.fit(feed, epochs=config["epochs"], callbacks=[CountSteps(), ReportCheckpoint()], verbose=0)
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
-        json.dump({"steps": steps, "loss": history.history["loss"]}, f)
+        json.dump({"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused}, f)
 
 
 def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
@@ -98,6 +103,7 @@ def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
     # Each rank gets 333 rows -> 6 full elements of 48 -> 18 steps of 16 rows per replica.
     expected_steps = (rows // workers) // batch_size * workers
     assert [log["steps"] for log in logs] == [[expected_steps] * epochs] * workers
+    assert all(log["partial_refused"] for log in logs)
     # Training really happened, and every rank saw the same (all-reduced) model.
     assert logs[0]["loss"][-1] < logs[0]["loss"][0]
     assert os.path.exists(os.path.join(result.checkpoint.path, MODEL_FILE))
