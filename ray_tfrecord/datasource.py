@@ -226,7 +226,7 @@ class TFRecordDatasource(Datasource):
         """The schema of the blocks this datasource produces (after projection)."""
         if self._projection_map is None:
             return self._schema
-        return pa.schema([self._schema.field(n) for n in self._projection_map])
+        return pa.schema([self._schema.field(n) for n in self._projection_map if n in self._schema.names])
 
     def _sample(self, records: int) -> Iterator:
         """The first ``records`` records of the first files, as framed chunks."""
