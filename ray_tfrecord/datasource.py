@@ -35,7 +35,7 @@ import ray
 from ray.data import Dataset
 from ray.data.block import BlockMetadata
 from ray.data.context import DataContext
-from ray.data.datasource import Datasource, FileShuffleConfig, Partitioning, PathPartitionFilter, ReadTask
+from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, ReadTask
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
@@ -43,6 +43,7 @@ from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.listing import Listing, list_files
 from ray_tfrecord.planning import (
     FileRange,
+    Shuffle,
     check_shuffle,
     default_read_tasks,
     pack_ranges,
@@ -70,7 +71,7 @@ class _ReadConfig:
     attached: FrozenSet[str]  # output columns taken from the range (partitions, path), not decoded
     compression: Compression
     verify_crc: bool
-    on_corrupt: Literal["raise", "skip"]
+    on_corrupt: options.OnCorrupt
     chunk_bytes: int
     ledger: Any = field(default=None)  # actor handle, skip mode only
 
@@ -164,14 +165,14 @@ class TFRecordDatasource(Datasource):
         columns: Optional[List[str]] = None,
         compression: Compression = "auto",
         verify_crc: bool = True,
-        on_corrupt: Literal["raise", "skip"] = "raise",
+        on_corrupt: options.OnCorrupt = "raise",
         filesystem: Optional[pafs.FileSystem] = None,
         partitioning: Optional[Partitioning] = Partitioning("hive"),
         partition_filter: Optional[PathPartitionFilter] = None,
         include_paths: bool = False,
         file_extensions: Optional[List[str]] = None,
         ignore_missing_paths: bool = False,
-        shuffle: Union[Literal["files"], FileShuffleConfig, None] = None,
+        shuffle: Shuffle = None,
         infer_sample_records: int = 10_000,
         fixed_size_lists: bool = False,
     ):
@@ -416,14 +417,14 @@ def read_tfrecords(
     columns: Optional[List[str]] = None,
     compression: Compression = "auto",
     verify_crc: bool = True,
-    on_corrupt: Literal["raise", "skip"] = "raise",
+    on_corrupt: options.OnCorrupt = "raise",
     filesystem: Optional[pafs.FileSystem] = None,
     partitioning: Optional[Partitioning] = Partitioning("hive"),
     partition_filter: Optional[PathPartitionFilter] = None,
     include_paths: bool = False,
     file_extensions: Optional[List[str]] = None,
     ignore_missing_paths: bool = False,
-    shuffle: Union[Literal["files"], FileShuffleConfig, None] = None,
+    shuffle: Shuffle = None,
     infer_sample_records: int = 10_000,
     fixed_size_lists: bool = False,
     override_num_blocks: Optional[int] = None,
