@@ -20,16 +20,17 @@ import json
 import sys
 from typing import Any, Dict, List, Optional
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 import ray
 
+from ray_tfrecord import options
 from ray_tfrecord.datasink import write_tfrecords
 from ray_tfrecord.datasource import TFRecordDatasource
 from ray_tfrecord.errors import TFRecordError
 from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
-from ray_tfrecord.index import build_index, write_index
+from ray_tfrecord.index import DEFAULT_SPACING_BYTES, build_index, write_index
+from ray_tfrecord.listing import DataFile, list_files
 
 _READERS = {
     "parquet": lambda src: ray.data.read_parquet(src),
@@ -43,23 +44,24 @@ def _ensure_ray(num_cpus: Optional[int]) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
-def _files(source: TFRecordDatasource) -> List[Dict[str, Any]]:
-    return [{"path": p, "size": s} for p, s in zip(source._paths, source._sizes)]
+def _rows(files: List[DataFile]) -> List[Dict[str, Any]]:
+    """One Ray Data row per file, for the per-file jobs."""
+    return [{"path": f.path, "size": f.size} for f in files]
 
 
 def _cmd_inspect(args) -> int:
     source = TFRecordDatasource(args.path, record_type=args.record_type, verify_crc=False)
-    files = _files(source)
+    files = source.listing.files
     schema = source.output_schema()
-    print(f"files: {len(files)} ({sum(f['size'] for f in files)} bytes)")
+    print(f"files: {len(files)} ({sum(f.size for f in files)} bytes)")
     for f in files[: args.files]:
-        print(f"  {f['path']}  {f['size']} bytes")
+        print(f"  {f.path}  {f.size} bytes")
     if len(files) > args.files:
         print(f"  ... {len(files) - args.files} more")
-    if len(source._partition_schema):
+    if len(source.listing.partition_schema):
         print("partitions:")
-        for i, field in enumerate(source._partition_schema):
-            values = sorted({dict(p)[field.name] for p in source._partitions}, key=repr)
+        for field in source.listing.partition_schema:
+            values = sorted({dict(f.partitions)[field.name] for f in files}, key=repr)
             shown = ", ".join(map(repr, values[:10])) + (" ..." if len(values) > 10 else "")
             print(f"  {field.name}: {field.type} ({len(values)} values: {shown})")
     print("schema:")
@@ -109,10 +111,10 @@ def _verify_file(row: Dict[str, Any], filesystem: pafs.FileSystem) -> Dict[str, 
 
 
 def _cmd_verify(args) -> int:
-    source = TFRecordDatasource(args.path, schema=pa.schema([]), partitioning=None)
+    listing = list_files(args.path, partitioning=None)
     _ensure_ray(args.num_cpus)
-    fs = source._filesystem
-    results = ray.data.from_items(_files(source)).map(_verify_file, fn_kwargs={"filesystem": fs}).take_all()
+    fs = listing.filesystem
+    results = ray.data.from_items(_rows(listing.files)).map(_verify_file, fn_kwargs={"filesystem": fs}).take_all()
     bad = [r for r in results if r["bad"]]
     print(f"verified {len(results)} files, {sum(r['records'] for r in results)} good records, "
           f"{sum(r['bad'] for r in bad)} corrupt")
@@ -134,11 +136,11 @@ def _index_file(row: Dict[str, Any], filesystem: pafs.FileSystem, spacing: int) 
 
 
 def _cmd_index(args) -> int:
-    source = TFRecordDatasource(args.path, schema=pa.schema([]), partitioning=None)
+    listing = list_files(args.path, partitioning=None)
     _ensure_ray(args.num_cpus)
     results = (
-        ray.data.from_items(_files(source))
-        .map(_index_file, fn_kwargs={"filesystem": source._filesystem, "spacing": args.spacing})
+        ray.data.from_items(_rows(listing.files))
+        .map(_index_file, fn_kwargs={"filesystem": listing.filesystem, "spacing": args.spacing})
         .take_all()
     )
     for r in sorted(results, key=lambda r: r["path"]):
@@ -179,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ray-tfrecord", description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     sub = parser.add_subparsers(dest="command", required=True)
-    record_types = ["Example", "SequenceExample", "ByteArray"]
+    record_types = list(options.RECORD_TYPES)
 
     p = sub.add_parser("inspect", help="schema, record count, files, partitions, first rows")
     p.add_argument("path")
@@ -194,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="write index sidecars so reads can split large files")
     p.add_argument("path")
-    p.add_argument("--spacing", type=int, default=256 << 10, help="bytes between checkpoints")
+    p.add_argument("--spacing", type=int, default=DEFAULT_SPACING_BYTES, help="bytes between checkpoints")
     p.set_defaults(fn=_cmd_index)
 
     p = sub.add_parser("convert", help="Parquet / CSV / JSON -> TFRecord through Ray Data")
@@ -202,9 +204,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     p.add_argument("--format", choices=sorted(_READERS))
     p.add_argument("--partition-by", help="comma-separated partition columns")
-    p.add_argument("--compression", default="none", choices=["none", "gzip", "zlib"])
+    p.add_argument("--compression", default="none", choices=["none", *options.COMPRESSIONS])
     p.add_argument("--record-type", default="Example", choices=record_types)
-    p.add_argument("--mode", default="error", choices=["error", "overwrite", "append", "ignore"])
+    p.add_argument("--mode", default="error", choices=list(options.MODES))
     p.add_argument("--max-rows-per-file", type=int)
     p.add_argument("--allow-float64-narrowing", action="store_true",
                    help="write float64 columns as float32 (TFRecord has no float64)")

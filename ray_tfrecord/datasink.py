@@ -34,30 +34,24 @@ import contextlib
 import logging
 import os
 import posixpath
-import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 import ray
-from ray.data import Dataset
-from ray.data._internal.execution.interfaces import TaskContext
-from ray.data._internal.savemode import SaveMode
-from ray.data._internal.util import RetryingPyFileSystem, _is_local_scheme
+from ray.data import Dataset, SaveMode
 from ray.data.block import Block, BlockAccessor
-from ray.data.context import DataContext
-from ray.data.datasource.datasink import Datasink, WriteResult
-from ray.data.datasource.path_util import _resolve_paths_and_filesystem
+from ray.data.datasource import Datasink, WriteResult
 
+from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import RecordType, check_encodable, encode
-from ray_tfrecord.datasource import HIVE_NULL_PARTITION
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
+from ray_tfrecord.partitioning import split_by_partitions
 from ray_tfrecord.schema import SCHEMA_FILE, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
@@ -65,7 +59,6 @@ logger = logging.getLogger(__name__)
 SUCCESS_MARKER = "_SUCCESS"
 STAGING_DIR = "_temporary"
 
-_MODES = {m.value: m for m in (SaveMode.ERROR, SaveMode.OVERWRITE, SaveMode.APPEND, SaveMode.IGNORE)}
 # Input gathered per write task (so per file, unless a size/row limit cuts earlier).
 _MIN_BYTES_PER_WRITE = 128 << 20
 # ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
@@ -86,6 +79,34 @@ class TFRecordWriteResult:
     @property
     def num_files(self) -> int:
         return len(self.files)
+
+
+class _StagedFile(NamedTuple):
+    """A file a write task finished in the staging directory."""
+
+    rel_path: str  # under the staging directory, and under the destination once committed
+    rows: int
+    size: int
+    has_index: bool
+
+
+@dataclass(frozen=True)
+class _WriteConfig:
+    """What write tasks need to produce files (pickled into every write task)."""
+
+    filesystem: pafs.FileSystem
+    staging: str
+    record_type: RecordType
+    compression: Optional[options.Compression]
+    max_rows_per_file: Optional[int]
+    target_file_size: Optional[int]
+    write_index: bool
+    allow_float64_narrowing: bool
+    max_open_files: int
+
+    @property
+    def extension(self) -> str:
+        return _EXTENSIONS[self.compression]
 
 
 class TFRecordDatasink(Datasink[Dict[str, Any]]):
@@ -131,37 +152,38 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         filesystem: Optional[pafs.FileSystem] = None,
         record_type: RecordType = "Example",
         partition_cols: Optional[List[str]] = None,
-        mode: Union[Literal["error", "overwrite", "append", "ignore"], SaveMode] = "error",
-        compression: Optional[Literal["gzip", "zlib"]] = None,
+        mode: Union[options.Mode, SaveMode] = "error",
+        compression: Optional[options.Compression] = None,
         max_rows_per_file: Optional[int] = None,
         target_file_size: Optional[int] = None,
         write_index: bool = True,
         allow_float64_narrowing: bool = False,
     ):
-        mode_value = mode.value if isinstance(mode, SaveMode) else mode
-        if mode_value not in _MODES:
-            raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
-        if compression not in _EXTENSIONS:
-            raise ValueError(f"compression must be None, 'gzip' or 'zlib', got {compression!r}")
+        mode = SaveMode(options.mode(mode))
+        options.compression(compression)
+        options.record_type(record_type)
         for name, value in (("max_rows_per_file", max_rows_per_file), ("target_file_size", target_file_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         self._unresolved_path = path
-        context = DataContext.get_current()
-        paths, fs = _resolve_paths_and_filesystem(path, filesystem)
-        self._fs = RetryingPyFileSystem.wrap(fs, retryable_errors=context.retried_io_errors)
+        paths, fs = _compat.resolve_paths(path, filesystem)
+        self._fs = _compat.retrying_filesystem(fs)
         self._path = paths[0].rstrip("/")
-        self._mode = _MODES[mode_value]
-        self._record_type = record_type
+        self._mode = mode
         self._partition_cols = list(partition_cols or [])
-        self._compression = compression
-        self._max_rows = max_rows_per_file
-        self._target_bytes = target_file_size
-        self._write_index = write_index and compression is None
-        self._narrowing = allow_float64_narrowing
         self._min_bytes_per_write = min(target_file_size or _MIN_BYTES_PER_WRITE, _MIN_BYTES_PER_WRITE)
-        self._write_id = uuid.uuid4().hex
-        self._staging = posixpath.join(self._path, STAGING_DIR, self._write_id)
+        self._staging = posixpath.join(self._path, STAGING_DIR, uuid.uuid4().hex)
+        self._config = _WriteConfig(
+            filesystem=self._fs,
+            staging=self._staging,
+            record_type=record_type,
+            compression=compression,
+            max_rows_per_file=max_rows_per_file,
+            target_file_size=target_file_size,
+            write_index=write_index and compression is None,
+            allow_float64_narrowing=allow_float64_narrowing,
+            max_open_files=self._MAX_OPEN_FILES,
+        )
         self._started = False
         self._skip = False
         self._created_root = False
@@ -214,7 +236,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         if len(self._partition_cols) == len(schema.names):
             raise ValueError("Every column is a partition column; records would be empty.")
         data_schema = pa.schema([f for f in schema if f.name not in self._partition_cols])
-        check_encodable(data_schema, self._record_type, allow_float64_narrowing=self._narrowing)
+        check_encodable(data_schema, self._config.record_type,
+                        allow_float64_narrowing=self._config.allow_float64_narrowing)
 
     def on_write_complete(self, write_result: WriteResult[Dict[str, Any]]) -> None:
         # An empty dataset never calls on_write_start; the mode still applies.
@@ -227,11 +250,11 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         appended_to_data = self._mode == SaveMode.APPEND and _dataset_exists(self._fs, self._path)
 
         final_paths = []
-        for rel, _rows, _size, has_index in staged:
-            src = posixpath.join(self._staging, rel)
-            dst = posixpath.join(self._path, rel)
+        for f in staged:
+            src = posixpath.join(self._staging, f.rel_path)
+            dst = posixpath.join(self._path, f.rel_path)
             _make_dirs(self._fs, posixpath.dirname(dst))
-            if has_index:
+            if f.has_index:
                 self._fs.move(index_path(src), index_path(dst))
             self._fs.move(src, dst)
             final_paths.append(dst)
@@ -247,9 +270,9 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         with self._fs.open_output_stream(posixpath.join(self._path, SUCCESS_MARKER), compression=None):
             pass
         self.result = TFRecordWriteResult(
-            num_rows=sum(f[1] for f in staged),
+            num_rows=sum(f.rows for f in staged),
             files=final_paths,
-            bytes_written=sum(f[2] for f in staged),
+            bytes_written=sum(f.size for f in staged),
         )
 
     def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
@@ -289,7 +312,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         # directory created in between, or fail on one another writer removed first. Locally an
         # rmdir is atomic and refuses a non-empty directory; elsewhere delete_dir removes a whole
         # prefix, so the (hidden, empty) prefix is left.
-        if isinstance(_unwrapped(self._fs), pafs.LocalFileSystem):
+        if isinstance(_compat.unwrap_filesystem(self._fs), pafs.LocalFileSystem):
             with contextlib.suppress(OSError):
                 os.rmdir(posixpath.dirname(self._staging))
 
@@ -308,16 +331,16 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
 
     @property
     def supports_distributed_writes(self) -> bool:
-        return not _is_local_scheme(self._unresolved_path)
+        return not _compat.is_local_scheme(self._unresolved_path)
 
     # -- write tasks ---------------------------------------------------------------------
 
-    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> Dict[str, Any]:
+    def write(self, blocks: Iterable[Block], ctx: _compat.TaskContext) -> Dict[str, Any]:
         """Write this task's blocks into the staging directory; returns the staged
-        files as ``(relative path, rows, bytes, has_index)``."""
+        files (:class:`_StagedFile`) and the record schemas written."""
         if self._skip:
             return {"files": [], "schemas": []}
-        files = _TaskFiles(self, ctx.task_idx)
+        files = _TaskFiles(self._config, ctx.task_idx)
         checked = None
         schemas: List[pa.Schema] = []
         try:
@@ -329,7 +352,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                     data = self._data_schema(table.schema)
                     if data not in schemas:
                         schemas.append(data)
-                for part_dir, piece in _split_partitions(table, self._partition_cols):
+                for part_dir, piece in split_by_partitions(table, self._partition_cols):
                     for batch in piece.to_batches():
                         files.write(part_dir, batch)
         finally:
@@ -338,22 +361,22 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
 
     def _data_schema(self, schema: pa.Schema) -> pa.Schema:
         """What the records hold (partition columns live in the directory names)."""
-        return stored_schema([f for f in schema if f.name not in self._partition_cols], self._record_type)
+        return stored_schema([f for f in schema if f.name not in self._partition_cols], self._config.record_type)
 
 
 class _PartFile:
     """One open output file (in staging) and its index builder."""
 
-    def __init__(self, sink: TFRecordDatasink, rel_path: str):
+    def __init__(self, config: _WriteConfig, rel_path: str):
         self.rel_path = rel_path
         self.rows = 0
-        self._sink = sink
-        self._path = posixpath.join(sink._staging, rel_path)
-        _make_dirs(sink._fs, posixpath.dirname(self._path))
+        self._fs = config.filesystem
+        self._path = posixpath.join(config.staging, rel_path)
+        _make_dirs(self._fs, posixpath.dirname(self._path))
         # compression=None: pyarrow would otherwise gzip a ".gz" name a second time.
-        stream = sink._fs.open_output_stream(self._path, compression=None)
-        self._writer = RecordWriter(stream, sink._compression)
-        self._index = IndexBuilder(DEFAULT_SPACING_BYTES) if sink._write_index else None
+        stream = self._fs.open_output_stream(self._path, compression=None)
+        self._writer = RecordWriter(stream, config.compression)
+        self._index = IndexBuilder(DEFAULT_SPACING_BYTES) if config.write_index else None
 
     @property
     def bytes(self) -> int:
@@ -366,37 +389,38 @@ class _PartFile:
         self._writer.write(data)
         self.rows += len(offsets)
 
-    def close(self) -> Tuple[str, int, int, bool]:
+    def close(self) -> _StagedFile:
         size = self.bytes
         self._writer.close()
         if self._index is not None:
-            write_index(self._sink._fs, self._path, self._index.finish(size))
-        return (self.rel_path, self.rows, size, self._index is not None)
+            write_index(self._fs, self._path, self._index.finish(size))
+        return _StagedFile(self.rel_path, self.rows, size, self._index is not None)
 
 
 class _TaskFiles:
     """The files one write task has open, one per partition directory, rotated by
     row count / size."""
 
-    def __init__(self, sink: TFRecordDatasink, task_idx: int):
-        self._sink = sink
+    def __init__(self, config: _WriteConfig, task_idx: int):
+        self._config = config
         self._task_idx = task_idx
         self._open: Dict[str, _PartFile] = {}
-        self._done: List[Tuple[str, int, int, bool]] = []
+        self._done: List[_StagedFile] = []
 
     def _file(self, part_dir: str) -> _PartFile:
         f = self._open.pop(part_dir, None)
         if f is None:
-            if len(self._open) >= self._sink._MAX_OPEN_FILES:
+            if len(self._open) >= self._config.max_open_files:
                 self._done.append(self._open.pop(next(iter(self._open))).close())
-            name = f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{_EXTENSIONS[self._sink._compression]}"
-            f = _PartFile(self._sink, posixpath.join(part_dir, name) if part_dir else name)
+            name = f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"
+            f = _PartFile(self._config, posixpath.join(part_dir, name) if part_dir else name)
         self._open[part_dir] = f  # re-insert: dict order is recency order
         return f
 
     def write(self, part_dir: str, batch: pa.RecordBatch) -> None:
-        sink = self._sink
-        encoded = encode(batch, sink._record_type, allow_float64_narrowing=sink._narrowing)
+        config = self._config
+        max_rows, target_bytes = config.max_rows_per_file, config.target_file_size
+        encoded = encode(batch, config.record_type, allow_float64_narrowing=config.allow_float64_narrowing)
         data = memoryview(encoded.data).cast("B")
         starts = np.asarray(encoded.offsets, dtype=np.int64)
         ends = np.append(starts[1:], len(data))
@@ -404,22 +428,22 @@ class _TaskFiles:
         while i < n:
             f = self._file(part_dir)
             j = n
-            if sink._max_rows is not None:
-                j = min(j, i + sink._max_rows - f.rows)
-            if sink._target_bytes is not None:
+            if max_rows is not None:
+                j = min(j, i + max_rows - f.rows)
+            if target_bytes is not None:
                 # First record whose end brings the file to the target size.
-                k = int(np.searchsorted(ends, starts[i] + sink._target_bytes - f.bytes, "left"))
+                k = int(np.searchsorted(ends, starts[i] + target_bytes - f.bytes, "left"))
                 j = min(j, k + 1)
             j = max(j, i + 1)
             f.write(data[starts[i] : ends[j - 1]], starts[i:j] - starts[i])
             i = j
-            full = (sink._max_rows is not None and f.rows >= sink._max_rows) or (
-                sink._target_bytes is not None and f.bytes >= sink._target_bytes
+            full = (max_rows is not None and f.rows >= max_rows) or (
+                target_bytes is not None and f.bytes >= target_bytes
             )
             if full:
                 self._done.append(self._open.pop(part_dir).close())
 
-    def close_all(self) -> List[Tuple[str, int, int, bool]]:
+    def close_all(self) -> List[_StagedFile]:
         while self._open:
             self._done.append(self._open.pop(next(iter(self._open))).close())
         return self._done
@@ -428,51 +452,8 @@ class _TaskFiles:
 # -- helpers -------------------------------------------------------------------------
 
 
-def _split_partitions(table: pa.Table, cols: List[str]) -> Iterable[Tuple[str, pa.Table]]:
-    """Yield ``(hive directory, rows without the partition columns)`` per distinct
-    partition value, keeping row order within a partition."""
-    if not cols:
-        yield "", table
-        return
-    if table.num_rows == 0:
-        return
-    # A stable sort groups each partition's rows into one run.
-    table = table.take(pc.sort_indices(table, [(c, "ascending") for c in cols]))
-    change = np.zeros(table.num_rows, dtype=bool)
-    change[0] = True
-    for c in cols:
-        col = table.column(c).combine_chunks()
-        if pa.types.is_null(col.type):
-            continue  # all null: one partition
-        after, before = col.slice(1), col.slice(0, len(col) - 1)
-        differs = pc.or_(
-            pc.fill_null(pc.not_equal(after, before), False),
-            pc.not_equal(pc.is_null(after), pc.is_null(before)),
-        )
-        change[1:] |= differs.to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(change).tolist() + [table.num_rows]
-    data = table.drop_columns(cols)
-    keys = table.select(cols)
-    for a, b in zip(starts, starts[1:]):
-        row = keys.slice(a, 1).to_pylist()[0]
-        yield "/".join(f"{c}={_hive_value(row[c])}" for c in cols), data.slice(a, b - a)
-
-
-def _hive_value(value: Any) -> str:
-    if value is None:
-        return HIVE_NULL_PARTITION
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return urllib.parse.quote(str(value), safe="")
-
-
-def _unwrapped(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """The filesystem under Ray's retrying wrapper."""
-    return fs.unwrap() if isinstance(fs, RetryingPyFileSystem) else fs
-
-
 def _is_s3(fs: pafs.FileSystem) -> bool:
-    return _unwrapped(fs).type_name == "s3"
+    return _compat.unwrap_filesystem(fs).type_name == "s3"
 
 
 def _make_dirs(fs: pafs.FileSystem, path: str) -> None:
@@ -524,8 +505,8 @@ def write_tfrecords(
     filesystem: Optional[pafs.FileSystem] = None,
     record_type: RecordType = "Example",
     partition_cols: Optional[List[str]] = None,
-    mode: Union[Literal["error", "overwrite", "append", "ignore"], SaveMode] = "error",
-    compression: Optional[Literal["gzip", "zlib"]] = None,
+    mode: Union[options.Mode, SaveMode] = "error",
+    compression: Optional[options.Compression] = None,
     max_rows_per_file: Optional[int] = None,
     target_file_size: Optional[int] = None,
     write_index: bool = True,

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 from ray.data import Dataset, SaveMode
 
+from ray_tfrecord import options
+
 __all__ = ["inference", "predict"]
 
 
@@ -158,7 +160,7 @@ def inference(
     features: str | Sequence[str],
     key_columns: Sequence[str],
     output_format: Literal["tfrecord", "parquet"] = "tfrecord",
-    mode: Literal["error", "overwrite", "append", "ignore"] = "error",
+    mode: options.Mode = "error",
     output_column: str = "prediction",
     batch_size: int = 256,
     concurrency: int = 1,
@@ -171,6 +173,7 @@ def inference(
     :func:`ray_tfrecord.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
     writer.  ``mode`` says what to do when ``output_path`` already has data.
     """
+    mode = options.mode(mode)
     out = predict(
         ds,
         model_path,

@@ -12,9 +12,9 @@ import pytest
 import ray
 import ray.cloudpickle
 import tensorflow as tf
-from ray.data._internal.execution.interfaces import TaskContext
 
 from ray_tfrecord import SchemaError, read_tfrecords, write_tfrecords
+from ray_tfrecord._compat import TaskContext
 from ray_tfrecord.datasink import TFRecordDatasink
 from ray_tfrecord.index import RecordIndex, build_index, index_path
 

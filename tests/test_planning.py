@@ -1,0 +1,108 @@
+"""Listing files and planning a read: named records in, byte ranges and read tasks out."""
+
+import gzip
+import os
+import subprocess
+import sys
+
+import pyarrow.fs as pafs
+import pytest
+from ray.data.datasource import FileShuffleConfig
+
+from ray_tfrecord.index import build_index, write_index
+from ray_tfrecord.listing import DataFile, list_files
+from ray_tfrecord.planning import (
+    FileRange,
+    ProbeKind,
+    default_read_tasks,
+    pack_ranges,
+    plan_ranges,
+    probe_file,
+    shuffle_files,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def layout(tmp_path):
+    import tensorflow as tf
+
+    root = tmp_path / "ds"
+    for part in ("k=1/a.tfrecord", "k=2/b.tfrecord", "k=2/_tmp/c.tfrecord", "k=2/.d.tfrecord"):
+        path = root / part
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for i in range(200):
+                w.write(b"x" * 100)
+    fs = pafs.LocalFileSystem()
+    write_index(fs, str(root / "k=2/b.tfrecord"), build_index(fs, str(root / "k=2/b.tfrecord"), spacing_bytes=1024))
+    return root
+
+
+def test_list_files_returns_named_records(layout):
+    listing = list_files(str(layout))
+    assert [(os.path.relpath(f.path, layout), f.partitions, f.has_index) for f in listing.files] == [
+        ("k=1/a.tfrecord", (("k", 1),), False),
+        ("k=2/b.tfrecord", (("k", 2),), True),
+    ]
+    assert all(f.size == os.path.getsize(f.path) for f in listing.files)
+    assert listing.partition_schema.names == ["k"]
+    assert listing.roots == [str(layout)]
+    named = list_files(str(layout / "k=2" / "b.tfrecord"), partitioning=None)
+    assert named.files == [DataFile(str(layout / "k=2" / "b.tfrecord"), 23200, (), None)]
+
+
+def test_probe_and_plan(layout, tmp_path):
+    fs = pafs.LocalFileSystem()
+    listed = {os.path.basename(f.path): f for f in list_files(str(layout)).files}
+    assert probe_file(fs, listed["a.tfrecord"], "auto").kind is ProbeKind.UNINDEXED
+    indexed = probe_file(fs, listed["b.tfrecord"], "auto")
+    assert indexed.kind is ProbeKind.INDEXED and indexed.index.num_records == 200
+    zipped = tmp_path / "z.gz"
+    zipped.write_bytes(gzip.compress(open(listed["a.tfrecord"].path, "rb").read()))
+    assert probe_file(fs, DataFile(str(zipped), zipped.stat().st_size, ()), "auto").kind is ProbeKind.COMPRESSED
+
+    files = [listed["a.tfrecord"], listed["b.tfrecord"]]
+    ranges = plan_ranges(fs, files, "auto", target_bytes=5000, threads=2)
+    for f in files:
+        mine = [r for r in ranges if r.path == f.path]
+        assert len(mine) > 1 and mine[0].start == 0 and mine[-1].end == f.size
+        assert all(a.end == b.start for a, b in zip(mine, mine[1:]))
+        assert all(r.partitions == f.partitions for r in mine)
+    assert all(r.num_rows is None and r.resync == (r.start > 0) for r in ranges if r.path == files[0].path)
+    assert sum(r.num_rows for r in ranges if r.path == files[1].path) == 200
+    # Compressed on request: never split, never probed.
+    assert plan_ranges(fs, files, "gzip", target_bytes=5000, threads=2) == [FileRange.whole(f) for f in files]
+
+
+def test_pack_ranges_keeps_order():
+    ranges = [FileRange(f"f{i}", 0, None, size, None, False, ()) for i, size in enumerate([5, 5, 30, 1, 1])]
+    assert [[r.path for r in g] for g in pack_ranges(ranges, 10)] == [["f0", "f1"], ["f2"], ["f3", "f4"]]
+
+
+def test_shuffle_files_is_a_seeded_permutation():
+    files = [DataFile(f"f{i}", i, ()) for i in range(20)]
+    fixed = FileShuffleConfig(seed=3, reseed_after_execution=False)
+    once = shuffle_files(files, fixed, 0)
+    assert sorted(once, key=lambda f: f.size) == files and once != files
+    assert shuffle_files(files, fixed, 5) == once
+    reseeded = FileShuffleConfig(seed=3)
+    assert shuffle_files(files, reseeded, 1) != shuffle_files(files, reseeded, 2)
+    assert shuffle_files(files, None, 0) is files
+
+
+def test_default_read_tasks_does_not_start_ray():
+    code = (
+        "import ray\n"
+        "from ray_tfrecord.planning import default_read_tasks\n"
+        "assert default_read_tasks(10 << 30, None) is None\n"
+        "assert not ray.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_default_read_tasks_is_one_per_cpu(ray_local):
+    assert default_read_tasks(0, None) == 2
+    assert default_read_tasks(10 * (128 << 20), None) == 10
+    assert default_read_tasks(10 << 20, 1 << 20) == 10
