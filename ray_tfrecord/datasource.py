@@ -468,6 +468,10 @@ def read_tfrecords(
         fixed_size_lists=fixed_size_lists,
     )
     if override_num_blocks is None:
+        if not ray.is_initialized():
+            # Ray's own read_* functions start Ray on first use; doing it here, in the public entry
+            # point, lets the default read-task count see the cluster instead of Ray's 200 blocks.
+            ray.init()
         size = datasource.estimate_inmemory_data_size() or 0
         override_num_blocks = default_read_tasks(size, DataContext.get_current().target_max_block_size)
     return ray.data.read_datasource(
