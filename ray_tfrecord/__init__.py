@@ -26,6 +26,7 @@ _LAZY = {
     "write_tfrecords": "datasink",
     "TFRecordDatasink": "datasink",
     "tf_dataset": "feed",
+    "list_files": "listing",
 }
 
 __all__ = [
