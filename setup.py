@@ -10,7 +10,7 @@ setup(
             # decoder's hot loops inline across them; the fuzz harness compiles them one by one.
             sources=["ray_tfrecord/native/module.c"],
             depends=sorted(glob("ray_tfrecord/native/*.[ch]")),
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra"],
         )
     ]
 )

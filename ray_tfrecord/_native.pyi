@@ -4,7 +4,6 @@ from collections.abc import Buffer as BufferLike, Sequence
 from typing import Any, Final
 
 HARDWARE_CRC: Final[bool]
-MAX_FRAME_ERRORS: Final[int]
 STATUS: Final[dict[str, int]]
 KINDS: Final[dict[str, int]]
 SHAPES: Final[dict[str, int]]

@@ -86,14 +86,15 @@ enum { S_SCALAR = 0, S_LIST = 1, S_FIXED = 2, S_SEQ = 3 };
 enum { R_EXAMPLE = 0, R_SEQUENCE = 1, R_BYTES = 2 };
 enum { SECTION_CONTEXT = 0, SECTION_FEATURE_LISTS = 1 };
 
-/* Where a call failed: the status plus what Python needs to name the file offset and column. */
+/* Where a call failed: the status plus what Python needs to name the file offset and column.
+ * The last three are set only for the statuses named beside them. */
 typedef struct {
     rt_status status;
     int64_t record;       /* record index within the call, -1 if none */
     int col;              /* column index, -1 if none */
     int64_t offset;       /* byte offset within the record, -1 if none */
     int64_t actual;       /* KIND_MISMATCH: the feature's kind; COUNT_MISMATCH: its value count */
-    int64_t expected;     /* ... and the column's kind or the count it needs */
+    int64_t expected;     /* KIND_MISMATCH: the column's kind; COUNT_MISMATCH: the count it needs */
     int64_t other_record; /* inspect's KIND_MISMATCH: the record where the column got its kind */
 } rt_error;
 

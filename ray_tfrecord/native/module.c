@@ -254,7 +254,7 @@ static PyObject *attr_name(PyObject *o) {
 /* ------------------------------------------------------------------------------------------ */
 /* scan, masked_crc32c                                                                         */
 
-static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
+static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"buffer", "verify", "final", "skip", "limit", "resync", NULL};
     Py_buffer view;
     rt_scan s = {.verify = 1, .final = 1};
@@ -282,13 +282,16 @@ static PyObject *py_scan(PyObject *self, PyObject *args, PyObject *kw) {
         free(s.lens.p);
         return s.status == RT_OK ? NULL : raise_status(s.status);
     }
-    return new_struct(ScanResultType, "(NNnNLnO)", buf_to_py(&s.pos), buf_to_py(&s.lens), (Py_ssize_t)s.consumed,
-                      errlist, (long long)s.nerr_total,
-                      (Py_ssize_t)(s.need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : s.need),
-                      s.resyncing ? Py_True : Py_False);
+    PyObject *result = new_struct(ScanResultType, "(NNnNLnO)", buf_to_py(&s.pos), buf_to_py(&s.lens),
+                                  (Py_ssize_t)s.consumed, errlist, (long long)s.nerr_total,
+                                  (Py_ssize_t)(s.need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : s.need),
+                                  s.resyncing ? Py_True : Py_False);
+    free(s.pos.p); /* still set only if buf_to_py failed */
+    free(s.lens.p);
+    return result;
 }
 
-static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
+static PyObject *py_masked_crc32c(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
     uint32_t c;
@@ -314,7 +317,7 @@ static void raise_record_error(const Ctx *ctx, const rt_table *names) {
     Py_XDECREF(name);
 }
 
-static PyObject *py_decode(PyObject *self, PyObject *args) {
+static PyObject *py_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *b, *p, *l, *spec;
     int rtype;
     if (!PyArg_ParseTuple(args, "OOOiO", &b, &p, &l, &rtype, &spec)) return NULL;
@@ -377,7 +380,7 @@ done:
     return result;
 }
 
-static PyObject *py_inspect(PyObject *self, PyObject *args) {
+static PyObject *py_inspect(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *b, *p, *l;
     int rtype;
     if (!PyArg_ParseTuple(args, "OOOi", &b, &p, &l, &rtype)) return NULL;
@@ -410,7 +413,7 @@ done:
     return result;
 }
 
-static PyObject *py_byte_array(PyObject *self, PyObject *args) {
+static PyObject *py_byte_array(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *b, *p, *l;
     if (!PyArg_ParseTuple(args, "OOO", &b, &p, &l)) return NULL;
     Spans s;
@@ -426,7 +429,10 @@ static PyObject *py_byte_array(PyObject *self, PyObject *args) {
         free(data.p);
         return raise_status(st);
     }
-    return new_struct(ByteArrayType, "(NN)", buf_to_py(&off), buf_to_py(&data));
+    PyObject *result = new_struct(ByteArrayType, "(NN)", buf_to_py(&off), buf_to_py(&data));
+    free(off.p); /* still set only if buf_to_py failed */
+    free(data.p);
+    return result;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -449,7 +455,7 @@ static int attr_buffer(PyObject *o, const char *name, Py_buffer *v, Mem *m, int 
     return rc < 0 ? -1 : 0;
 }
 
-static PyObject *py_encode(PyObject *self, PyObject *args) {
+static PyObject *py_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     int rtype;
     long long nrows;
     PyObject *spec;
@@ -597,8 +603,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
         add_type(m, &DecodedColumnType, &decoded_desc) || add_type(m, &InspectedColumnType, &inspected_desc) ||
         add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
-        add_constants(m) || PyModule_AddIntConstant(m, "MAX_FRAME_ERRORS", RT_SCAN_MAX_ERRORS) < 0 ||
-        PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
+        add_constants(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
         Py_DECREF(m);
         return NULL;
     }
