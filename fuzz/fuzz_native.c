@@ -209,6 +209,21 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
     return 0;
 }
 
+/* The same records read as ByteArray: each payload, end to end, behind int32 offsets. */
+static void check_byte_array(const Records *r) {
+    Buf off = {0}, data = {0};
+    CHECK(rt_byte_array(r->buf, r->n, r->pos, r->lens, r->nrec, &off, &data) == RT_OK);
+    CHECK(off.len == (size_t)(r->nrec + 1) * 4 && rd_i32(off.p) == 0);
+    for (int64_t i = 0; i < r->nrec; i++) {
+        int32_t a = rd_i32(off.p + 4 * i), b = rd_i32(off.p + 4 * (i + 1));
+        CHECK(b - a == r->lens[i] && (size_t)b <= data.len);
+        CHECK(r->lens[i] == 0 || memcmp(data.p + a, r->buf + r->pos[i] + 12, (size_t)r->lens[i]) == 0);
+    }
+    CHECK(data.len == (size_t)rd_i32(off.p + 4 * r->nrec));
+    free(off.p);
+    free(data.p);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* decode: a column spec, then records. Spec: byte ncols (& 7); per column a byte (kind: bits 0-1,
  * shape: bits 2-3, name length: bits 4-7), a byte fixed_n (& 7), the name. As the codec does, a
@@ -241,6 +256,7 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
         if (st == RT_KIND_MISMATCH) CHECK(ctx.err.actual != ctx.err.expected && ctx.err.col >= 0);
     }
     for (int64_t i = 0; i < r.nrec; i++) check_varints(r.buf + r.pos[i] + 12, r.buf + r.pos[i] + 12 + r.lens[i]);
+    check_byte_array(&r);
     records_free(&r);
     rt_decode_free(&cs);
     return 0;

@@ -132,7 +132,7 @@ coverage() {
             >"$OUT/logs/cov-$t.log" 2>&1
         llvm-profdata merge -sparse "$OUT/profraw/$t.profraw" -o "$OUT/profraw/$t.profdata"
         llvm-cov export -format=lcov "$OUT/bin-coverage/$t" -instr-profile="$OUT/profraw/$t.profdata" \
-            "${UNITS[@]}" >"$OUT/profraw/$t.lcov"
+            "${UNITS[@]}" "$ROOT"/ray_tfrecord/native/*.h >"$OUT/profraw/$t.lcov"
     done
     "$PY" "$ROOT/fuzz/lcov_union.py" "$OUT"/profraw/*.lcov
 }
