@@ -174,6 +174,7 @@ static void check_varints(const uint8_t *p, const uint8_t *end) {
     free(out);
 }
 
+/* RT_STATUS_LIST keeps the MALFORMED_* statuses together, first to last. */
 static int malformed(rt_status s) { return s >= RT_MALFORMED_TAG && s <= RT_MALFORMED_PACKED_FLOAT; }
 
 /* ------------------------------------------------------------------------------------------ */
