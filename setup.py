@@ -10,7 +10,9 @@ setup(
             # decoder's hot loops inline across them; the fuzz harness compiles them one by one.
             sources=["ray_tfrecord/native/module.c"],
             depends=sorted(glob("ray_tfrecord/native/*.[ch]")),
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra"],
+            # Functions start on a cache line, so a hot loop's speed does not depend on how much
+            # code precedes it in the one translation unit.
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-falign-functions=64"],
         )
     ]
 )

@@ -20,6 +20,17 @@
 /* Helpers that one unit uses and another does not. */
 #define RT_MAYBE_UNUSED __attribute__((unused))
 
+/* The units' entry points have external linkage when each unit is compiled alone (the fuzz
+ * harness links them); module.c defines RT_API as static before including them all, so the
+ * extension is one translation unit whose functions the compiler may inline and lay out as it
+ * would a single file's. */
+#ifdef RT_API
+#define RT_EXTERN RT_API
+#else
+#define RT_API
+#define RT_EXTERN extern
+#endif
+
 /* Every way a native call can fail, with the text users see. One list, so the enum, the messages
  * and the names the module exports to Python cannot drift apart. Statuses named MALFORMED_* are
  * protobuf wire-format violations ("malformed record"). */

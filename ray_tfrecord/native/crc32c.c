@@ -14,7 +14,7 @@ static void crc_init_table(void) {
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 }
 
-uint32_t rt_crc32c_sw(uint32_t c, const uint8_t *p, size_t n) {
+RT_API uint32_t rt_crc32c_sw(uint32_t c, const uint8_t *p, size_t n) {
     while (n >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
@@ -30,7 +30,7 @@ uint32_t rt_crc32c_sw(uint32_t c, const uint8_t *p, size_t n) {
 }
 
 #ifdef RT_HAVE_HW_CRC
-__attribute__((target("sse4.2"))) uint32_t rt_crc32c_hw(uint32_t c, const uint8_t *p, size_t n) {
+RT_API __attribute__((target("sse4.2"))) uint32_t rt_crc32c_hw(uint32_t c, const uint8_t *p, size_t n) {
     uint64_t c64 = c;
     while (n >= 8) {
         uint64_t v;
@@ -45,9 +45,9 @@ __attribute__((target("sse4.2"))) uint32_t rt_crc32c_hw(uint32_t c, const uint8_
 }
 #endif
 
-uint32_t (*rt_crc32c_update)(uint32_t, const uint8_t *, size_t) = rt_crc32c_sw;
+RT_API uint32_t (*rt_crc32c_update)(uint32_t, const uint8_t *, size_t) = rt_crc32c_sw;
 
-void rt_crc_init(void) {
+RT_API void rt_crc_init(void) {
     crc_init_table();
 #ifdef RT_HAVE_HW_CRC
     __builtin_cpu_init();

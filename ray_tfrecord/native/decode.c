@@ -1,7 +1,7 @@
 /* Decode: records into the buffers of the schema's columns, without a Python object per value. */
 #include "decode.h"
 
-rt_status rt_decode_init(Cols *cs, int ncols) {
+RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
     memset(cs, 0, sizeof(*cs));
     cs->cols = calloc((size_t)(ncols > 0 ? ncols : 1), sizeof(Col));
     if (!cs->cols) return RT_OUT_OF_MEMORY;
@@ -9,7 +9,7 @@ rt_status rt_decode_init(Cols *cs, int ncols) {
     return RT_OK;
 }
 
-rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
+RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section) {
     if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
         (kind == K_NULL && shape != S_LIST && shape != S_SEQ) ||
@@ -41,7 +41,7 @@ rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, i
     return RT_OK;
 }
 
-void rt_decode_free(Cols *cs) {
+RT_API void rt_decode_free(Cols *cs) {
     for (int i = 0; i < cs->ncols; i++) {
         Col *c = &cs->cols[i];
         free(c->valid.p);
@@ -195,7 +195,7 @@ static void presize(Cols *cs, int64_t done, int64_t nrec) {
     }
 }
 
-int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
                       const int64_t *lens, int64_t nrec) {
     for (int64_t r = 0; r < nrec; r++) {
         const uint8_t *p, *end, *vs, *ve;
@@ -210,7 +210,7 @@ int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n,
     return 0;
 }
 
-rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
+RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
                         Buf *offsets, Buf *data) {
     uint64_t total = 0;
     for (int64_t r = 0; r < nrec; r++) {

@@ -28,19 +28,19 @@ typedef struct {
 static inline size_t elem_size(int kind) { return kind == K_INT64 ? 8 : kind == K_FLOAT ? 4 : 0; }
 
 /* Room for ncols columns; RT_OK or RT_OUT_OF_MEMORY. Free with rt_decode_free whatever it returns. */
-rt_status rt_decode_init(Cols *cs, int ncols);
+RT_API rt_status rt_decode_init(Cols *cs, int ncols);
 /* Adds the next column (its name borrowed until rt_decode_free): RT_OK, RT_BAD_SPEC for a spec
  * decode cannot honour (nothing added), or RT_OUT_OF_MEMORY. */
-rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
+RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section);
 /* Decodes the nrec records whose headers start at pos[] (payload lengths lens[]) in buf[0, n).
  * 0, or -1 with c->err set. */
-int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
                       const int64_t *lens, int64_t nrec);
-void rt_decode_free(Cols *cs);
+RT_API void rt_decode_free(Cols *cs);
 
 /* ByteArray records: their raw payloads as one binary column (int32 offsets, data). */
-rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
+RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
                         Buf *offsets, Buf *data);
 
 #endif

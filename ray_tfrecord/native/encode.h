@@ -36,9 +36,9 @@ static inline void row_span(const ECol *c, int64_t i, int64_t *a, int64_t *b) {
 
 /* Checks a column's spec against the record type and derives the element counts of its buffers:
  * RT_OK or RT_BAD_SPEC. */
-rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols);
+RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols);
 /* Checks every prepared column's buffers, then encodes nrows records into out and their start
  * offsets (int64) into offs. On an inconsistent column, *bad_col names it (else -1). */
-rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col);
+RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col);
 
 #endif

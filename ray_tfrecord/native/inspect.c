@@ -89,7 +89,7 @@ static void finish_stats(Ctx *c, Stats *st) {
     }
 }
 
-int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+RT_API int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
                        const int64_t *lens, int64_t nrec) {
     for (int64_t r = 0; r < nrec; r++) {
         const uint8_t *p, *end, *vs, *ve;
@@ -104,7 +104,7 @@ int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t 
     return 0;
 }
 
-void rt_inspect_free(Stats *st) {
+RT_API void rt_inspect_free(Stats *st) {
     free(st->cols);
     rt_table_free(&st->names);
     memset(st, 0, sizeof(*st));

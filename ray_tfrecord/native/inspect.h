@@ -23,8 +23,8 @@ typedef struct {
 } Stats;
 
 /* 0, or -1 with c->err set. Names borrow the records' memory. Free with rt_inspect_free. */
-int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+RT_API int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
                        const int64_t *lens, int64_t nrec);
-void rt_inspect_free(Stats *st);
+RT_API void rt_inspect_free(Stats *st);
 
 #endif

@@ -3,8 +3,9 @@
  * Python.h. It parses arguments, releases the GIL around the Python-free cores, and hands results
  * back as named struct sequences over zero-copy buffers (pa.py_buffer wraps them).
  *
- * The cores are compiled into this translation unit (a unity build), so their hot loops inline
- * exactly as when they were one file; each still compiles and links alone (the fuzz harness).
+ * The cores are compiled into this translation unit (a unity build, their entry points static),
+ * so their hot loops inline exactly as when they were one file; each still compiles and links
+ * alone (the fuzz harness).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,12 +13,13 @@
 #include <limits.h>
 #include <stdarg.h>
 
+#define RT_API static
 #include "crc32c.c"
-#include "decode.c"
-#include "encode.c"
-#include "inspect.c"
 #include "scan.c"
 #include "table.c"
+#include "decode.c"
+#include "inspect.c"
+#include "encode.c"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory the cores allocated, owned by a Python object from here on                 */

@@ -19,7 +19,7 @@ static int plausible_boundary(const uint8_t *buf, size_t n, size_t q, int final,
     return masked_crc(buf + q + 12, (size_t)len) == rd32(buf + q + 12 + len);
 }
 
-void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
+RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
     const int final = s->final, skip = s->skip;
     const size_t lim = s->limit;
     rt_frame_error *errs = s->errs;

@@ -26,6 +26,6 @@ typedef struct {
 } rt_scan;
 
 /* Scans buf[0, n). On return the caller owns s->pos.p and s->lens.p (free them). */
-void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n);
+RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n);
 
 #endif

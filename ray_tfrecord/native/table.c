@@ -27,7 +27,7 @@ static int index_build(rt_table *t) {
     return 0;
 }
 
-int rt_table_add(rt_table *t, const uint8_t *name, size_t len, int section) {
+RT_API int rt_table_add(rt_table *t, const uint8_t *name, size_t len, int section) {
     if (t->nkeys == t->cap) {
         int cap = t->cap ? t->cap * 2 : 32;
         rt_key *nk = realloc(t->keys, sizeof(rt_key) * (size_t)cap);
@@ -48,7 +48,7 @@ int rt_table_add(rt_table *t, const uint8_t *name, size_t len, int section) {
     return t->nkeys - 1;
 }
 
-int rt_table_find(const rt_table *t, const uint8_t *name, size_t len, int section) {
+RT_API int rt_table_find(const rt_table *t, const uint8_t *name, size_t len, int section) {
     if (!t->index) return -1;
     uint32_t h = (uint32_t)hash_key(name, len, section) & t->mask;
     for (;;) {
@@ -60,7 +60,7 @@ int rt_table_find(const rt_table *t, const uint8_t *name, size_t len, int sectio
     }
 }
 
-void rt_table_free(rt_table *t) {
+RT_API void rt_table_free(rt_table *t) {
     free(t->keys);
     free(t->index);
     t->keys = NULL;

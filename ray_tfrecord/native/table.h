@@ -28,10 +28,10 @@ typedef struct {
 } rt_table;
 
 /* Appends a key; returns its column index, or -1 when out of memory. Names are borrowed. */
-int rt_table_add(rt_table *t, const uint8_t *name, size_t len, int section);
+RT_API int rt_table_add(rt_table *t, const uint8_t *name, size_t len, int section);
 /* The first column added with this key, or -1. */
-int rt_table_find(const rt_table *t, const uint8_t *name, size_t len, int section);
-void rt_table_free(rt_table *t);
+RT_API int rt_table_find(const rt_table *t, const uint8_t *name, size_t len, int section);
+RT_API void rt_table_free(rt_table *t);
 
 static inline int key_eq(const uint8_t *a, const uint8_t *b, size_t n) {
     for (; n >= 8; n -= 8, a += 8, b += 8)
