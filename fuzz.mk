@@ -2,7 +2,7 @@
 #   make fuzz          build the sanitized targets and run each for FUZZ_SECONDS (default 60)
 #   make fuzz-smoke    CI: FUZZ_SMOKE_SECONDS (default 5) per target; installs clang when missing and
 #                      root, else falls back to gcc; fails only for a finding, never for a missing tool
-#   make fuzz-cov      llvm-cov line coverage of _native.c over the seeds and the inputs kept by `make fuzz`
+#   make fuzz-cov      llvm-cov line coverage of the native units over the seeds and the inputs kept by `make fuzz`
 #   make fuzz-corpus   regenerate the seed corpora in fuzz/corpus/ (needs the package importable)
 # FUZZ_TARGETS picks targets (default: scan decode_example decode_sequence inspect encode).
 _FUZZ_DEFAULT_GOAL := $(.DEFAULT_GOAL)

@@ -5,6 +5,7 @@
  * In a sanitized build the input being run when a sanitizer or a check fires is saved as
  * <prefix>crash-<time> so that it can be replayed (driver FILE) and turned into a regression test.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,18 +1,23 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
- * inspect, encode. The codec is compiled into this translation unit and its pure-C cores are called
- * directly, so no Python interpreter runs. Build one binary per target with -DFUZZ_TARGET=<function>
- * (fuzz/run.sh does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with
- * fuzz/driver.c it replays a corpus and random mutations without libFuzzer.
+ * inspect, encode. They call the codec's Python-free units (every .c file in ray_tfrecord/native/
+ * but module.c) directly: no Python header, no libpython. Build one binary per target with
+ * -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh does): linked with -fsanitize=fuzzer it
+ * is a libFuzzer target, linked with fuzz/driver.c it replays a corpus and random mutations without
+ * libFuzzer.
  *
  * Beyond "no crash and no sanitizer report", each target checks what the core promises its caller:
  * records found by the scan lie inside the buffer with valid CRCs, decoded buffers form valid Arrow
  * layouts, inspect's statistics agree with a decode using the schema it implies, and encode's output
  * scans and decodes back to exactly its input.
  */
-#include "../ray_tfrecord/_native.c"
-
 #include <stdio.h>
+
+#include "../ray_tfrecord/native/crc32c.h"
+#include "../ray_tfrecord/native/decode.h"
+#include "../ray_tfrecord/native/encode.h"
+#include "../ray_tfrecord/native/inspect.h"
+#include "../ray_tfrecord/native/scan.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FUZZ_ASAN 1
@@ -169,11 +174,8 @@ static void check_varints(const uint8_t *p, const uint8_t *end) {
     free(out);
 }
 
-static void decode_setup(Cols *cs, int ncols) {
-    memset(cs, 0, sizeof(*cs));
-    cs->cols = calloc((size_t)(ncols ? ncols : 1), sizeof(Col));
-    cs->cap = ncols;
-}
+/* RT_STATUS_LIST keeps the MALFORMED_* statuses together, first to last. */
+static int malformed(rt_status s) { return s >= RT_MALFORMED_TAG && s <= RT_MALFORMED_PACKED_FLOAT; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* scan: byte 0 holds the flags (and whether byte 1 sets a limit); the rest is the stream.      */
@@ -183,11 +185,11 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
     uint8_t flags = in_byte(&in), lim = flags & 0x10 ? in_byte(&in) : 255;
     const uint8_t *buf = in.p;
     size_t n = (size_t)(in.end - in.p);
-    Scan s = {.verify = flags & 1, .final = (flags >> 1) & 1, .skip = (flags >> 2) & 1, .resync = (flags >> 3) & 1};
+    rt_scan s = {.verify = flags & 1, .final = (flags >> 1) & 1, .skip = (flags >> 2) & 1, .resync = (flags >> 3) & 1};
     s.limit = lim == 255 ? n : lim == 254 ? n + 1000 : n * lim / 253;
-    scan_core(&s, buf, n);
-    CHECK(!s.oom);
-    CHECK(s.nerr <= 64 && s.nerr_total >= s.nerr && (s.skip || s.nerr <= 1));
+    rt_scan_run(&s, buf, n);
+    CHECK(s.status == RT_OK);
+    CHECK(s.nerr <= RT_SCAN_MAX_ERRORS && s.nerr_total >= s.nerr && (s.skip || s.nerr <= 1));
     CHECK(s.consumed <= n);
     size_t nrec = s.pos.len / 8, next = 0;
     CHECK(s.lens.len == s.pos.len);
@@ -200,12 +202,27 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
         next = (size_t)p + 16 + (size_t)len;
     }
     CHECK(next <= s.consumed);
-#ifdef HAVE_HW_CRC
-    if (crc32c_update == crc32c_hw) CHECK(crc32c_sw(0xFFFFFFFFu, buf, n) == crc32c_hw(0xFFFFFFFFu, buf, n));
+#ifdef RT_HAVE_HW_CRC
+    if (rt_crc32c_update == rt_crc32c_hw) CHECK(rt_crc32c_sw(0xFFFFFFFFu, buf, n) == rt_crc32c_hw(0xFFFFFFFFu, buf, n));
 #endif
     free(s.pos.p);
     free(s.lens.p);
     return 0;
+}
+
+/* The same records read as ByteArray: each payload, end to end, behind int32 offsets. */
+static void check_byte_array(const Records *r) {
+    Buf off = {0}, data = {0};
+    CHECK(rt_byte_array(r->buf, r->n, r->pos, r->lens, r->nrec, &off, &data) == RT_OK);
+    CHECK(off.len == (size_t)(r->nrec + 1) * 4 && rd_i32(off.p) == 0);
+    for (int64_t i = 0; i < r->nrec; i++) {
+        int32_t a = rd_i32(off.p + 4 * i), b = rd_i32(off.p + 4 * (i + 1));
+        CHECK(b - a == r->lens[i] && (size_t)b <= data.len);
+        CHECK(r->lens[i] == 0 || memcmp(data.p + a, r->buf + r->pos[i] + 12, (size_t)r->lens[i]) == 0);
+    }
+    CHECK(data.len == (size_t)rd_i32(off.p + 4 * r->nrec));
+    free(off.p);
+    free(data.p);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -217,31 +234,32 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
     In in = {data, data + size};
     int ncols = in_byte(&in) & 7;
     Cols cs;
-    decode_setup(&cs, ncols);
+    CHECK(rt_decode_init(&cs, ncols) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         uint8_t k = in_byte(&in), f = in_byte(&in);
         const uint8_t *name;
         size_t len = in_take(&in, k >> 4, &name);
         int shape = (k >> 2) & 3;
-        int rc = col_setup(&cs.cols[cs.ncols], name, (Py_ssize_t)len, k & 3, shape, f & 7, shape == S_SEQ);
-        CHECK(rc != -2);
-        if (rc == 0) cs.ncols++;
+        rt_status st = rt_decode_add_column(&cs, name, len, k & 3, shape, f & 7, shape == S_SEQ);
+        CHECK(st == RT_OK || st == RT_BAD_SPEC);
     }
-    CHECK(table_build(&cs) == 0);
     Records r;
     records_from(&in, &r);
     Ctx ctx = {.record = -1};
-    if (decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    if (rt_decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
         CHECK(cs.nrecords == r.nrec);
         for (int i = 0; i < cs.ncols; i++) check_column(&cs.cols[i], r.nrec);
     } else {
-        CHECK(ctx.err.code == E_MALFORMED || ctx.err.code == E_KIND || ctx.err.code == E_COUNT);
+        rt_status st = ctx.err.status;
+        CHECK(malformed(st) || st == RT_KIND_MISMATCH || st == RT_COUNT_MISMATCH);
         CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
-        CHECK(ctx.err.where >= -1 && ctx.err.where <= r.lens[ctx.err.record]);
+        CHECK(ctx.err.offset >= -1 && ctx.err.offset <= r.lens[ctx.err.record]);
+        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.actual != ctx.err.expected && ctx.err.col >= 0);
     }
     for (int64_t i = 0; i < r.nrec; i++) check_varints(r.buf + r.pos[i] + 12, r.buf + r.pos[i] + 12 + r.lens[i]);
+    check_byte_array(&r);
     records_free(&r);
-    cols_free(&cs);
+    rt_decode_free(&cs);
     return 0;
 }
 
@@ -257,23 +275,24 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
     int rtype = in_byte(&in) & 1 ? R_SEQUENCE : R_EXAMPLE;
     Records r;
     records_from(&in, &r);
-    Cols cs = {.inspect = 1};
-    CHECK(table_build(&cs) == 0);
+    Stats cs = {0};
     Ctx ctx = {.record = -1};
-    if (decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    if (rt_inspect_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+        CHECK(cs.nrecords == r.nrec);
         Cols ds;
-        decode_setup(&ds, cs.ncols);
+        CHECK(rt_decode_init(&ds, cs.ncols) == RT_OK);
         for (int i = 0; i < cs.ncols; i++) {
-            const Col *c = &cs.cols[i];
+            const Stat *c = &cs.cols[i];
+            const rt_key *k = &cs.names.keys[i];
             int kind = c->kind == K_NONE ? K_NULL : c->kind;
-            CHECK(col_setup(&ds.cols[i], c->name, c->name_len, kind, c->section ? S_SEQ : S_LIST, 0, c->section) == 0);
-            ds.ncols++;
+            CHECK(c->kind == K_NONE ? c->kind_record == -1 : c->kind_record >= 0 && c->kind_record < r.nrec);
+            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQ : S_LIST, 0, c->section) == RT_OK);
         }
-        CHECK(table_build(&ds) == 0);
         Ctx dctx = {.record = -1};
-        CHECK(decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
+        CHECK(rt_decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
         for (int i = 0; i < cs.ncols; i++) {
-            const Col *c = &cs.cols[i], *d = &ds.cols[i];
+            const Stat *c = &cs.cols[i];
+            const Col *d = &ds.cols[i];
             check_column(d, r.nrec);
             CHECK(c->present == r.nrec - d->nulls);
             int64_t lo = INT64_MAX, hi = -1;
@@ -285,13 +304,15 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
             }
             CHECK(c->min_count == lo && c->max_count == hi);
         }
-        cols_free(&ds);
+        rt_decode_free(&ds);
     } else {
-        CHECK(ctx.err.code == E_MALFORMED || ctx.err.code == E_KIND);
+        rt_status st = ctx.err.status;
+        CHECK(malformed(st) || st == RT_KIND_MISMATCH);
         CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
+        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.other_record >= 0 && ctx.err.other_record <= ctx.err.record);
     }
     records_free(&r);
-    cols_free(&cs);
+    rt_inspect_free(&cs);
     return 0;
 }
 
@@ -348,7 +369,7 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
     size_t vbytes = (size_t)(e->valid_off + nrows + 7) / 8;
     g->valid = calloc(vbytes ? vbytes : 1, 1);
     for (size_t k = 0; k < vbytes; k++) g->valid[k] = in_byte(in);
-    e->valid = (Mem){g->valid, (Py_ssize_t)vbytes};
+    e->valid = (Mem){g->valid, (size_t)vbytes};
     /* rows, then steps, then elements; a leading unused stretch as in a sliced Arrow array */
     int64_t lead = e->shape == S_SCALAR ? 0 : in_byte(in) % 3, nsteps = lead, nelems = 0;
     g->rowoff = malloc(sizeof(int64_t) * (size_t)(nrows + 1));
@@ -364,19 +385,19 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
         g->inner[0] = in_byte(in) % 3;
         for (int64_t k = 0; k < nsteps; k++) g->inner[k + 1] = g->inner[k] + (e->kind == K_NULL ? 0 : in_byte(in) % 4);
         nelems = g->inner[nsteps];
-        e->inner = (Mem){g->inner, (Py_ssize_t)(8 * (nsteps + 1))};
+        e->inner = (Mem){g->inner, (size_t)(8 * (nsteps + 1))};
         e->has_inner = 1;
     } else {
         nelems = e->shape == S_SCALAR ? nrows : g->rowoff[nrows];
     }
     if (e->shape != S_SCALAR) {
-        e->rowoff = (Mem){g->rowoff, (Py_ssize_t)(8 * (nrows + 1))};
+        e->rowoff = (Mem){g->rowoff, (size_t)(8 * (nrows + 1))};
         e->has_rowoff = 1;
     }
     if (e->kind == K_INT64) {
         g->vals = malloc(sizeof(int64_t) * (size_t)(nelems ? nelems : 1));
         for (int64_t k = 0; k < nelems; k++) g->vals[k] = gen_int(in);
-        e->vals = (Mem){g->vals, (Py_ssize_t)(8 * nelems)};
+        e->vals = (Mem){g->vals, (size_t)(8 * nelems)};
         e->has_vals = 1;
     } else if (e->kind == K_FLOAT) {
         g->fvals = malloc(sizeof(float) * (size_t)(nelems ? nelems : 1));
@@ -384,7 +405,7 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
             uint32_t bits = (uint32_t)in_byte(in) << 24 | (uint32_t)in_byte(in) << 16 | in_byte(in);
             memcpy(&g->fvals[k], &bits, 4);
         }
-        e->vals = (Mem){g->fvals, (Py_ssize_t)(4 * nelems)};
+        e->vals = (Mem){g->fvals, (size_t)(4 * nelems)};
         e->has_vals = 1;
     } else if (e->kind == K_BYTES) {
         g->vals = malloc(sizeof(int64_t) * (size_t)(nelems + 1));
@@ -392,8 +413,8 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
         for (int64_t k = 0; k < nelems; k++) g->vals[k + 1] = g->vals[k] + in_byte(in) % 6;
         g->data = malloc((size_t)g->vals[nelems] + 1);
         for (int64_t k = 0; k < g->vals[nelems]; k++) g->data[k] = in_byte(in);
-        e->vals = (Mem){g->vals, (Py_ssize_t)(8 * (nelems + 1))};
-        e->data = (Mem){g->data, (Py_ssize_t)g->vals[nelems]};
+        e->vals = (Mem){g->vals, (size_t)(8 * (nelems + 1))};
+        e->data = (Mem){g->data, (size_t)g->vals[nelems]};
         e->has_vals = e->has_data = 1;
     }
 }
@@ -404,7 +425,7 @@ static void *gen_raw_buffer(In *in, Mem *m, int *has, int elem) {
     size_t n = (size_t)(b >> 1) % 12;
     int64_t *v = malloc(sizeof(int64_t) * (n ? n : 1));
     for (size_t k = 0; k < n; k++) v[k] = elem == 8 ? raw_count(in) - 2 : (int64_t)in_u64(in);
-    *m = (Mem){v, (Py_ssize_t)(n * 8)};
+    *m = (Mem){v, (size_t)(n * 8)};
     return v;
 }
 
@@ -450,7 +471,7 @@ static void check_same_elems(const ECol *e, int64_t a, int64_t b, const Col *d, 
 }
 
 /* Decodes what was encoded and compares every row with the buffers it came from. */
-static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, const Buf *out, const Scan *s) {
+static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, const Buf *out, const rt_scan *s) {
     if (rtype == R_BYTES) {
         for (int64_t i = 0; i < nrows; i++) {
             const int64_t *o = g[0].e.vals.buf;
@@ -461,15 +482,13 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
         return;
     }
     Cols cs;
-    decode_setup(&cs, ncols);
+    CHECK(rt_decode_init(&cs, ncols) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
-        CHECK(col_setup(&cs.cols[i], e->key, (Py_ssize_t)e->key_len, e->kind, e->shape, 0, e->shape == S_SEQ) == 0);
-        cs.ncols++;
+        CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQ) == RT_OK);
     }
-    CHECK(table_build(&cs) == 0);
     Ctx ctx = {.record = -1};
-    CHECK(decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
+    CHECK(rt_decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
                          nrows) == 0);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
@@ -496,7 +515,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
             }
         }
     }
-    cols_free(&cs);
+    rt_decode_free(&cs);
 }
 
 static int fuzz_encode(const uint8_t *data, size_t size) {
@@ -510,21 +529,21 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
     for (int i = 0; i < ncols; i++) {
         if (raw) gen_raw_col(&in, &g[i], i);
         else gen_valid_col(&in, &g[i], rtype, i, nrows);
-        ok = ok && ecol_prepare(&g[i].e, rtype, ncols) == 0;
+        ok = ok && rt_encode_prepare(&g[i].e, rtype, ncols) == RT_OK;
     }
     CHECK(ok || raw);
     Buf out = {0}, offs = {0};
     int bad_col = -1;
-    const char *why = NULL;
+    rt_status st = RT_OK;
     ECol cols[MAXCOLS];
     for (int i = 0; i < ncols; i++) cols[i] = g[i].e;
-    if (ok) why = encode_core(cols, ncols, rtype, nrows, &out, &offs, &bad_col);
-    if (ok && why) CHECK(raw && (bad_col >= 0 || strcmp(why, "out of memory") == 0));
-    if (ok && !why) {
+    if (ok) st = rt_encode(cols, ncols, rtype, nrows, &out, &offs, &bad_col);
+    if (ok && st != RT_OK) CHECK(raw && (bad_col >= 0 || st == RT_OUT_OF_MEMORY));
+    if (ok && st == RT_OK) {
         CHECK(offs.len == (size_t)nrows * 8);
-        Scan s = {.verify = 1, .final = 1, .limit = out.len};
-        scan_core(&s, out.p, out.len);
-        CHECK(!s.oom && s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
+        rt_scan s = {.verify = 1, .final = 1, .limit = out.len};
+        rt_scan_run(&s, out.p, out.len);
+        CHECK(s.status == RT_OK && s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
         CHECK(offs.len == 0 || memcmp(s.pos.p, offs.p, offs.len) == 0);
         check_round_trip(g, ncols, rtype, nrows, &out, &s);
         free(s.pos.p);
@@ -539,7 +558,7 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
 /* ------------------------------------------------------------------------------------------ */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    crc_init();
+    rt_crc_init();
     return 0;
 }
 

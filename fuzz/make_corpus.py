@@ -26,10 +26,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from ray_tfrecord import codec
+from ray_tfrecord._contract import Kind, Shape
 from ray_tfrecord.framing import frame_records
 
-BYTES, FLOAT, INT64, NULL = 0, 1, 2, 3
-SCALAR, LIST, FIXED, SEQ = 0, 1, 2, 3
+BYTES, FLOAT, INT64, NULL = Kind.BYTES, Kind.FLOAT, Kind.INT64, Kind.NULL
+SCALAR, LIST, FIXED, SEQ = Shape.SCALAR, Shape.LIST, Shape.FIXED, Shape.SEQUENCE
 
 
 def batches() -> list[tuple[pa.RecordBatch, str, list[tuple[str, int, int, int]]]]:

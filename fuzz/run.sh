@@ -3,11 +3,13 @@
 #
 #   fuzz/run.sh fuzz    FUZZ_SECONDS per target; new inputs kept in fuzz/build/work/<target>
 #   fuzz/run.sh smoke   CI: a short run per target; never fails for a missing tool, only for a finding
-#   fuzz/run.sh cov     llvm-cov line coverage of _native.c over the seeds and the kept inputs
+#   fuzz/run.sh cov     llvm-cov line coverage of the native units over the seeds and the kept inputs
 #
 # Toolchains, first that builds wins: clang + libFuzzer + ASan/UBSan; gcc (or cc) + ASan/UBSan with
 # fuzz/driver.c (corpus replay plus random mutations); cc without sanitizers (a warning). When clang
 # is missing and we are root with apt-get, it is installed first (FUZZ_INSTALL=0 to skip).
+# The targets link only the codec's Python-free units (ray_tfrecord/native/*.c but module.c): no Python
+# is needed to build or run them (only `cov` uses it, to merge the per-target reports).
 # Variables: FUZZ_SECONDS (60; smoke: 5), FUZZ_TARGETS (all), FUZZ_PYTHON (.venv/bin/python, python3.11, python3),
 # FUZZ_OUT (fuzz/build), FUZZ_INSTALL (1).
 set -uo pipefail
@@ -18,6 +20,8 @@ OUT=${FUZZ_OUT:-$ROOT/fuzz/build}
 SECONDS_PER=${FUZZ_SECONDS:-$([ "$MODE" = smoke ] && echo 5 || echo 60)}
 TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode}
 SRC="$ROOT/fuzz/fuzz_native.c"
+UNITS=()
+for f in "$ROOT"/ray_tfrecord/native/*.c; do [ "$(basename "$f")" = module.c ] || UNITS+=("$f"); done
 
 say() { echo "fuzz: $*" >&2; }
 # A missing tool ends a smoke run successfully (CI must not fail for it), anything else with an error.
@@ -31,13 +35,7 @@ for cand in "$ROOT/.venv/bin/python" python3.11 python3; do
     [ -n "$PY" ] && break
     command -v "$cand" >/dev/null 2>&1 && PY=$cand
 done
-[ -n "$PY" ] || give_up "no python found"
-read -r PYINC PYLIBDIR PYLIB PYLIBS < <("$PY" -c 'import sysconfig as s; v = s.get_config_var
-print(s.get_paths()["include"], v("LIBDIR"), "python" + v("LDVERSION"), (v("LIBS") or "") + " " + (v("SYSLIBS") or ""))')
-[ -f "$PYINC/Python.h" ] || give_up "Python.h not found in $PYINC (install the python3-dev package)"
-# The cores never call into Python, but the codec's source also holds its Python wrappers.
-LINK_PY=(-L"$PYLIBDIR" -l"$PYLIB" $PYLIBS -Wl,-rpath,"$PYLIBDIR")
-WARN=(-Wall -Wextra -Wno-unused-parameter -Wno-unused-function)
+WARN=(-std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function) # one target used per binary
 
 links() { # compiler flags...: can it build a trivial program with these?
     local dir; dir=$(mktemp -d)
@@ -66,8 +64,8 @@ build() { # kind: libfuzzer | driver-san | driver-plain; compiler in $CC_FUZZ
     esac
     mkdir -p "$OUT/bin-$kind"
     for t in $TARGETS; do
-        "$CC_FUZZ" "${flags[@]}" "${WARN[@]}" -I"$PYINC" -DFUZZ_TARGET="fuzz_$t" "$SRC" "${extra[@]}" \
-            -o "$OUT/bin-$kind/$t" "${LINK_PY[@]}" >"$OUT/build-$kind.log" 2>&1 || return 1
+        "$CC_FUZZ" "${flags[@]}" "${WARN[@]}" -DFUZZ_TARGET="fuzz_$t" "$SRC" "${UNITS[@]}" "${extra[@]}" \
+            -o "$OUT/bin-$kind/$t" >"$OUT/build-$kind.log" 2>&1 || return 1
     done
 }
 
@@ -123,6 +121,7 @@ summarize() { # target log
 
 coverage() {
     command -v llvm-profdata >/dev/null && command -v llvm-cov >/dev/null || give_up "llvm-profdata/llvm-cov not found"
+    [ -n "$PY" ] || give_up "no python found (it merges the per-target reports)"
     CC_FUZZ=clang; build coverage || give_up "coverage build failed (see $OUT/build-coverage.log)"
     local t
     rm -rf "$OUT/profraw" && mkdir -p "$OUT/profraw"
@@ -133,7 +132,7 @@ coverage() {
             >"$OUT/logs/cov-$t.log" 2>&1
         llvm-profdata merge -sparse "$OUT/profraw/$t.profraw" -o "$OUT/profraw/$t.profdata"
         llvm-cov export -format=lcov "$OUT/bin-coverage/$t" -instr-profile="$OUT/profraw/$t.profdata" \
-            "$ROOT/ray_tfrecord/_native.c" >"$OUT/profraw/$t.lcov"
+            "${UNITS[@]}" "$ROOT"/ray_tfrecord/native/*.h >"$OUT/profraw/$t.lcov"
     done
     "$PY" "$ROOT/fuzz/lcov_union.py" "$OUT"/profraw/*.lcov
 }

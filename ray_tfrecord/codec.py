@@ -31,26 +31,25 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _native
+from . import _native, options
+from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import RecordChunk
-
-RecordType = Literal["Example", "SequenceExample", "ByteArray"]
+from .options import RecordType
 
 #: The schema of ``record_type="ByteArray"``: each record's raw payload.
 BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
 
-_RTYPES = {"Example": 0, "SequenceExample": 1, "ByteArray": 2}
-_BYTES, _FLOAT, _INT64, _NULL = 0, 1, 2, 3
-_SCALAR, _LIST, _FIXED, _SEQ = 0, 1, 2, 3
-_KIND_NAMES = {_BYTES: "bytes_list", _FLOAT: "float_list", _INT64: "int64_list", _NULL: "no kind"}
-_NATIVE_LEAF = {_BYTES: pa.binary(), _FLOAT: pa.float32(), _INT64: pa.int64(), _NULL: pa.null()}
+_RTYPES = {"Example": RecordTypeCode.EXAMPLE, "SequenceExample": RecordTypeCode.SEQUENCE_EXAMPLE,
+           "ByteArray": RecordTypeCode.BYTE_ARRAY}
+_KIND_NAMES = {Kind.BYTES: "bytes_list", Kind.FLOAT: "float_list", Kind.INT64: "int64_list", Kind.NULL: "no kind"}
+_NATIVE_LEAF = {Kind.BYTES: pa.binary(), Kind.FLOAT: pa.float32(), Kind.INT64: pa.int64(), Kind.NULL: pa.null()}
 
 
 class EncodedRecords(NamedTuple):
@@ -64,10 +63,7 @@ class EncodedRecords(NamedTuple):
 
 
 def record_type_code(record_type: str) -> int:
-    try:
-        return _RTYPES[record_type]
-    except KeyError:
-        raise ValueError(f"record_type must be one of {sorted(_RTYPES)}, not {record_type!r}") from None
+    return _RTYPES[options.record_type(record_type)]
 
 
 def _is_bytes(t: pa.DataType) -> bool:
@@ -76,15 +72,15 @@ def _is_bytes(t: pa.DataType) -> bool:
             or pa.types.is_large_string(t) or pa.types.is_binary_view(t) or pa.types.is_string_view(t))
 
 
-def _leaf_kind(t: pa.DataType) -> int | None:
+def _leaf_kind(t: pa.DataType) -> Kind | None:
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return _INT64
+        return Kind.INT64
     if pa.types.is_floating(t):
-        return _FLOAT
+        return Kind.FLOAT
     if _is_bytes(t):
-        return _BYTES
+        return Kind.BYTES
     if pa.types.is_null(t):
-        return _NULL
+        return Kind.NULL
     return None
 
 
@@ -92,36 +88,36 @@ def _is_var_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
-def _column_spec(field: pa.Field, record_type: str) -> tuple[int, int, int]:
+def _column_spec(field: pa.Field, record_type: str) -> tuple[Kind, Shape, int]:
     """(kind, shape, fixed length) of a column, or SchemaError naming the column and type.
 
     An extension type (such as Ray's fixed-shape tensor, a flattened list) is its storage type.
     """
     t = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
-    shape, n = _SCALAR, 0
+    shape, n = Shape.SCALAR, 0
     if _is_var_list(t) and _is_var_list(t.value_type):
         if record_type != "SequenceExample":
             raise SchemaError(f"type {t} is a SequenceExample feature_list; use record_type='SequenceExample'",
                               column=field.name)
-        shape, t = _SEQ, t.value_type.value_type
+        shape, t = Shape.SEQUENCE, t.value_type.value_type
     elif _is_var_list(t):
-        shape, t = _LIST, t.value_type
+        shape, t = Shape.LIST, t.value_type
     elif pa.types.is_fixed_size_list(t):
-        shape, n, t = _FIXED, t.list_size, t.value_type
+        shape, n, t = Shape.FIXED, t.list_size, t.value_type
     kind = _leaf_kind(t)
-    if kind is None or (kind == _NULL and shape in (_SCALAR, _FIXED)):
+    if kind is None or (kind == Kind.NULL and shape in (Shape.SCALAR, Shape.FIXED)):
         raise SchemaError(f"type {field.type} has no TFRecord representation "
                           "(int/bool/float/string/binary scalars and lists of them only)", column=field.name)
     return kind, shape, n
 
 
-def _native_type(kind: int, shape: int, n: int) -> pa.DataType:
+def _native_type(kind: Kind, shape: Shape, n: int) -> pa.DataType:
     leaf = _NATIVE_LEAF[kind]
-    if shape == _SCALAR:
+    if shape == Shape.SCALAR:
         return leaf
-    if shape == _FIXED:
+    if shape == Shape.FIXED:
         return pa.list_(leaf, n)
-    if shape == _LIST:
+    if shape == Shape.LIST:
         return pa.list_(leaf)
     return pa.list_(pa.list_(leaf))
 
@@ -134,45 +130,47 @@ def _buf(b) -> pa.Buffer | None:
     return None if b is None else pa.py_buffer(b)
 
 
-def _build(kind: int, shape: int, n: int, res: tuple, nrows: int) -> pa.Array:
-    valid, nulls, rowoff, inner, vals, data, nvals, ninner = res
-    vbuf = _buf(valid)
+def _build(kind: Kind, shape: Shape, n: int, res: _native.DecodedColumn, nrows: int) -> pa.Array:
+    vbuf = _buf(res.validity)
+    nulls, nvals = res.null_count, res.value_count
     leaf_type = _NATIVE_LEAF[kind]
-    if kind == _NULL:
+    if kind == Kind.NULL:
         leaf = pa.nulls(nvals)
-    elif kind == _BYTES:
-        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(vals), _buf(data) or pa.py_buffer(b"")])
+    elif kind == Kind.BYTES:
+        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(res.values), _buf(res.data) or pa.py_buffer(b"")])
     else:
-        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(vals)])
-    if shape == _SCALAR:
+        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(res.values)])
+    if shape == Shape.SCALAR:
         return pa.Array.from_buffers(leaf_type, nrows, [vbuf, *leaf.buffers()[1:]], null_count=nulls)
-    if shape == _FIXED:
+    if shape == Shape.FIXED:
         return pa.Array.from_buffers(pa.list_(leaf_type, n), nrows, [vbuf], null_count=nulls, children=[leaf])
-    if shape == _LIST:
-        return pa.Array.from_buffers(pa.list_(leaf_type), nrows, [vbuf, _buf(rowoff)], null_count=nulls,
+    if shape == Shape.LIST:
+        return pa.Array.from_buffers(pa.list_(leaf_type), nrows, [vbuf, _buf(res.row_offsets)], null_count=nulls,
                                      children=[leaf])
-    steps = pa.Array.from_buffers(pa.list_(leaf_type), ninner, [None, _buf(inner)], null_count=0, children=[leaf])
-    return pa.Array.from_buffers(pa.list_(pa.list_(leaf_type)), nrows, [vbuf, _buf(rowoff)], null_count=nulls,
+    steps = pa.Array.from_buffers(pa.list_(leaf_type), res.step_count, [None, _buf(res.inner_offsets)], null_count=0,
+                                  children=[leaf])
+    return pa.Array.from_buffers(pa.list_(pa.list_(leaf_type)), nrows, [vbuf, _buf(res.row_offsets)], null_count=nulls,
                                  children=[steps])
 
 
 def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFRecordError:
-    code, record, column, where, a, b, what = e.args
-    name = column.decode("utf-8", "replace") if column is not None else None
-    offset = chunk.offset(record) if record >= 0 else None
+    name = e.column.decode("utf-8", "replace") if e.column is not None else None
+    offset = chunk.offset(e.record) if e.record >= 0 else None
     stream = " in the decompressed stream" if chunk.compressed else ""
-    if code == 1:
-        msg = f"malformed record{stream}: {what} (at byte {where} of the record)"
-    elif code == 2:
-        msg = f"feature is {_KIND_NAMES[a]} but the schema says {_KIND_NAMES[b]} ({specs.get(name, '?')})"
-    elif code == 3:
-        shape = "a scalar column" if b == 1 and specs.get(name) is not None and not pa.types.is_fixed_size_list(
-            specs[name]) else f"a {specs.get(name, 'fixed-size')} column"
-        msg = f"{shape} needs exactly {b} value{'s' if b != 1 else ''} but the record{stream} holds {a}"
-    elif code == 4:
-        msg = f"{what}; read smaller chunks"
+    status, actual, expected = Status(e.status), e.actual, e.expected
+    if is_malformed(status):
+        msg = f"malformed record{stream}: {e} (at byte {e.offset} of the record)"
+    elif status == Status.KIND_MISMATCH:
+        msg = f"feature is {_KIND_NAMES[actual]} but the schema says {_KIND_NAMES[expected]} ({specs.get(name, '?')})"
+    elif status == Status.COUNT_MISMATCH:
+        scalar = expected == 1 and specs.get(name) is not None and not pa.types.is_fixed_size_list(specs[name])
+        shape = "a scalar column" if scalar else f"a {specs.get(name, 'fixed-size')} column"
+        values = f"{expected} value{'s' if expected != 1 else ''}"
+        msg = f"{shape} needs exactly {values} but the record{stream} holds {actual}"
+    elif status in (Status.BYTES_TOO_LARGE, Status.TOO_MANY_VALUES):
+        msg = f"{e}; read smaller chunks"
     else:
-        msg = what
+        msg = str(e)
     return DecodeError(msg, path=chunk.path, offset=offset, column=name)
 
 
@@ -214,12 +212,14 @@ def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Exa
     nrows = len(chunk)
     if len(schema) == 0:
         return _empty_batch(nrows)
-    if rtype == 2:
-        offsets, data = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
-        arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    if rtype == RecordTypeCode.BYTE_ARRAY:
+        raw = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
+        arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(raw.offsets), pa.py_buffer(raw.data)])
         return pa.RecordBatch.from_arrays([_cast(arr, f, chunk) for f in schema], schema=schema)
     specs = [_column_spec(f, record_type) for f in schema]
-    columns = [(f.name.encode(), kind, shape, n, 1 if shape == _SEQ else 0) for f, (kind, shape, n) in zip(schema, specs)]
+    columns = [DecodeSpec(f.name.encode(), kind, shape, n,
+                          Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT)
+               for f, (kind, shape, n) in zip(schema, specs)]
     try:
         results = _native.decode(chunk.buffer, chunk.positions, chunk.lengths, rtype, columns)
     except _native.CodecError as e:
@@ -241,8 +241,8 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
     ``allow_float64_narrowing``.
     """
     rtype = record_type_code(record_type)
-    if rtype == 2:
-        if len(schema) != 1 or _leaf_kind(schema[0].type) != _BYTES:
+    if rtype == RecordTypeCode.BYTE_ARRAY:
+        if len(schema) != 1 or _leaf_kind(schema[0].type) != Kind.BYTES:
             raise SchemaError(f"record_type='ByteArray' writes one binary or string column, got {schema}")
         return
     seen = set()
@@ -257,12 +257,12 @@ def _first_true(mask: pa.Array) -> int:
     return int(pc.index(mask, True).as_py())
 
 
-def _leaf_values(leaf: pa.Array, kind: int, column: str, allow_float64_narrowing: bool) -> tuple:
+def _leaf_values(leaf: pa.Array, kind: Kind, column: str, allow_float64_narrowing: bool) -> tuple:
     """(values, data) buffers of a leaf array in the encoder's canonical layout."""
     t = leaf.type
-    if kind == _NULL:
+    if kind == Kind.NULL:
         return None, None
-    if kind == _BYTES:
+    if kind == Kind.BYTES:
         if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
             leaf = leaf.cast(pa.large_binary())
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -271,7 +271,7 @@ def _leaf_values(leaf: pa.Array, kind: int, column: str, allow_float64_narrowing
         width = np.int64 if pa.types.is_large_binary(leaf.type) else np.int32
         offsets = np.frombuffer(bufs[1], width, count=leaf.offset + len(leaf) + 1)[leaf.offset:]
         return offsets.astype(np.int64), (bufs[2] if bufs[2] is not None else b"")
-    if kind == _INT64:
+    if kind == Kind.INT64:
         if pa.types.is_uint64(t) and len(leaf) and pc.max(leaf).as_py() > 2**63 - 1:
             row = _first_true(pc.greater(leaf, pa.scalar(2**63 - 1, pa.uint64())))
             raise TFRecordError(f"uint64 value {leaf[row].as_py()} (element {row}) exceeds the int64 range of "
@@ -304,22 +304,22 @@ def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -
                             "written as a missing feature)", column=column)
 
 
-def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_narrowing: bool) -> tuple:
+def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_narrowing: bool) -> EncodeColumn:
     kind, shape, n = _column_spec(f, record_type)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None
     rowoff = inner = None
-    if shape == _SCALAR:
+    if shape == Shape.SCALAR:
         leaf = arr
-    elif shape == _FIXED:
+    elif shape == Shape.FIXED:
         leaf = arr.values
         rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
-        shape = _LIST
+        shape = Shape.LIST
     else:
         rowoff = _offsets(arr)
         leaf = arr.values
-        if shape == _SEQ:
+        if shape == Shape.SEQUENCE:
             steps = leaf
             _no_nulls_between(steps, int(rowoff[0]), int(rowoff[-1]), f.name, "inner list")
             inner = _offsets(steps)
@@ -329,7 +329,7 @@ def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_n
             lo, hi = (int(rowoff[0]), int(rowoff[-1])) if len(arr) else (0, 0)
         _no_nulls_between(leaf, lo, hi, f.name, "list element")
     vals, data = _leaf_values(leaf, kind, f.name, allow_float64_narrowing)
-    return (f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
+    return EncodeColumn(f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
 
 
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
@@ -344,14 +344,14 @@ def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example"
             [], schema=batch.schema)
     check_encodable(batch.schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
     rtype = record_type_code(record_type)
-    if rtype == 2:
+    if rtype == RecordTypeCode.BYTE_ARRAY:
         arr = batch.column(0)
         if arr.null_count:
             raise TFRecordError(f"null record at row {_first_true(arr.is_null())}", column=batch.schema[0].name)
-        vals, data = _leaf_values(arr, _BYTES, batch.schema[0].name, False)
-        cols = [(batch.schema[0].name.encode(), _BYTES, _SCALAR, None, 0, None, None, vals, data)]
+        vals, data = _leaf_values(arr, Kind.BYTES, batch.schema[0].name, False)
+        cols = [EncodeColumn(batch.schema[0].name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
     else:
         cols = [_encode_column(f, batch.column(i), record_type, allow_float64_narrowing)
                 for i, f in enumerate(batch.schema)]
-    data, offsets = _native.encode(rtype, batch.num_rows, cols)
-    return EncodedRecords(memoryview(data), np.frombuffer(offsets, np.int64))
+    enc = _native.encode(rtype, batch.num_rows, cols)
+    return EncodedRecords(memoryview(enc.data), np.frombuffer(enc.offsets, np.int64))

@@ -25,11 +25,10 @@ from typing import BinaryIO, Iterable, Iterator, Literal
 
 import numpy as np
 
-from . import _native
+from . import _native, options
+from ._contract import Status
 from .errors import CorruptRecordError
-
-Compression = Literal["gzip", "zlib"]
-OnCorrupt = Literal["raise", "skip"]
+from .options import Compression, OnCorrupt
 
 _log = logging.getLogger(__name__)
 _WBITS = {"gzip": 31, "zlib": 15}
@@ -98,10 +97,6 @@ class RecordChunk:
         p = int(self.positions[i]) + 12
         return memoryview(self.buffer)[p : p + int(self.lengths[i])]
 
-    def where(self, i: int) -> str:
-        """How error messages should name record i's place."""
-        return "decompressed stream" if self.compressed else "file"
-
 
 @dataclass
 class CorruptionReport:
@@ -122,14 +117,14 @@ class CorruptionReport:
         self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
 
 
-def _frame_error(code: int, a: int, b: int) -> str:
-    if code == 1:
-        return f"truncated record header: {a} bytes left, 12 needed"
-    if code == 2:
-        return f"truncated record: length field claims {a} bytes (+4 CRC) but only {b} bytes remain"
-    if code == 3:
+def _frame_error(status: Status, length: int, available: int) -> str:
+    if status == Status.TRUNCATED_HEADER:
+        return f"truncated record header: {available} bytes left, 12 needed"
+    if status == Status.TRUNCATED_DATA:
+        return f"truncated record: length field claims {length} bytes (+4 CRC) but only {available} bytes remain"
+    if status == Status.BAD_LENGTH_CRC:
         return "corrupted record: length CRC mismatch"
-    return f"corrupted record: data CRC mismatch over {a} bytes"
+    return f"corrupted record: data CRC mismatch over {length} bytes"
 
 
 class _Replay:
@@ -202,11 +197,10 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
 
     Compression is detected from the content when ``"auto"``, never from the file name.
     """
+    options.compression(compression, allow_auto=True)
     raw = filesystem.open_input_stream(path, compression=None)
     head = raw.read(16)
     found = detect_compression(head) if compression == "auto" else compression
-    if found not in (None, "gzip", "zlib"):
-        raise ValueError(f"compression must be 'auto', None, 'gzip' or 'zlib', not {compression!r}")
     stream = _Replay(head, raw)
     return (_Inflate(stream, found, path) if found else stream), found
 
@@ -226,9 +220,7 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
     largest record. The length CRC is always checked (it is what makes a length trustworthy);
     ``verify_crc`` governs the data CRC. ``compressed`` only changes how offsets are described.
     """
-    if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
-    skip = on_corrupt == "skip"
+    skip = options.on_corrupt(on_corrupt) == "skip"
     if skip and report is None:
         report = CorruptionReport()
     where = " in the decompressed stream" if compressed else ""
@@ -245,7 +237,7 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
             # The length at `base` claims more than the file (or any valid record) can hold: no
             # need to read it. A resync candidate that cannot fit is simply no boundary.
             if not resyncing and size is not None and size - base < need:
-                defect(base, _frame_error(2, need - 16, size - base - 12))
+                defect(base, _frame_error(Status.TRUNCATED_DATA, need - 16, size - base - 12))
             elif not resyncing:
                 defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
                        f"{max_record_bytes}")
@@ -261,16 +253,17 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
             have += len(piece)
         data = b"".join(parts) if len(parts) > 1 else parts[0]
         limit = -1 if end is None else end - base
-        pos, lens, consumed, errors, nerr, need, resyncing = _native.scan(
-            data, verify=verify_crc, final=eof, skip=skip, limit=limit, resync=resyncing)
-        for code, p, a, b in errors:
-            defect(base + p, _frame_error(code, a, b))
+        found = _native.scan(data, verify=verify_crc, final=eof, skip=skip, limit=limit, resync=resyncing)
+        for e in found.errors:
+            defect(base + e.offset, _frame_error(Status(e.status), e.length, e.available))
         if skip:
-            report.count += nerr - len(errors)
-        if len(pos):
-            yield RecordChunk(data, np.frombuffer(pos, np.int64), np.frombuffer(lens, np.int64), base, path, compressed)
-        pending = data[consumed:]
-        base += consumed
+            report.count += found.error_count - len(found.errors)
+        if len(found.positions):
+            yield RecordChunk(data, np.frombuffer(found.positions, np.int64), np.frombuffer(found.lengths, np.int64),
+                              base, path, compressed)
+        pending = data[found.consumed:]
+        base += found.consumed
+        need, resyncing = found.need, found.resyncing
         if eof:
             return
 
@@ -282,8 +275,7 @@ class RecordWriter:
     """
 
     def __init__(self, stream: BinaryIO, compression: Compression | None = None, level: int = -1) -> None:
-        if compression not in (None, "gzip", "zlib"):
-            raise ValueError(f"compression must be None, 'gzip' or 'zlib', not {compression!r}")
+        options.compression(compression)
         self._stream = stream
         self._z = zlib.compressobj(level, zlib.DEFLATED, _WBITS[compression]) if compression else None
         self.bytes_written = 0

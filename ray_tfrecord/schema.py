@@ -35,11 +35,11 @@ from typing import Iterable
 import pyarrow as pa
 
 from . import _native
-from .codec import _KIND_NAMES, _NATIVE_LEAF, BYTE_ARRAY_SCHEMA, RecordType, record_type_code
+from ._contract import Kind, RecordTypeCode, Section, Status
+from .codec import _KIND_NAMES, _NATIVE_LEAF, BYTE_ARRAY_SCHEMA, record_type_code
 from .errors import DecodeError, SchemaError
 from .framing import RecordChunk
-
-_NONE = -1
+from .options import RecordType
 
 #: Where a dataset written by ray_tfrecord records its records' Arrow schema (hidden, like
 #: ``_SUCCESS``), so a read restores what TFRecord cannot carry: string vs binary, integer widths,
@@ -67,8 +67,8 @@ def read_stored_schema(filesystem, root: str, record_type: RecordType | None = N
 
 @dataclass
 class _Stats:
-    section: int
-    kind: int
+    section: Section
+    kind: Kind
     kind_place: tuple[str, int] | None
     present: int = 0
     min_count: int = 1 << 62
@@ -79,43 +79,43 @@ def _place(p: tuple[str, int] | None) -> str:
     return f"{p[0]} at offset {p[1]}" if p else "?"
 
 
-def _inspect(chunk: RecordChunk, rtype: int) -> list[tuple]:
+def _inspect(chunk: RecordChunk, rtype: int) -> list[_native.InspectedColumn]:
     try:
         return _native.inspect(chunk.buffer, chunk.positions, chunk.lengths, rtype)
     except _native.CodecError as e:
-        code, record, column, first_record, a, b, what = e.args
-        name = column.decode("utf-8", "replace") if column is not None else None
-        if code == 2:
-            raise SchemaError(f"feature is {_KIND_NAMES[a]} here but {_KIND_NAMES[b]} in the record at offset "
-                              f"{chunk.offset(first_record)}; kinds never merge", path=chunk.path,
-                              offset=chunk.offset(record), column=name) from None
-        raise DecodeError(f"malformed record: {what} (at byte {first_record} of the record)", path=chunk.path,
-                          offset=chunk.offset(record), column=name) from None
+        name = e.column.decode("utf-8", "replace") if e.column is not None else None
+        if e.status == Status.KIND_MISMATCH:
+            raise SchemaError(f"feature is {_KIND_NAMES[e.actual]} here but {_KIND_NAMES[e.expected]} in the record at "
+                              f"offset {chunk.offset(e.other_record)}; kinds never merge", path=chunk.path,
+                              offset=chunk.offset(e.record), column=name) from None
+        raise DecodeError(f"malformed record: {e} (at byte {e.offset} of the record)", path=chunk.path,
+                          offset=chunk.offset(e.record), column=name) from None
 
 
 def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Example", *,
                  fixed_size_lists: bool = False) -> pa.Schema:
     """Infer the schema of the records in ``chunks`` (all of them: the caller bounds the sample)."""
     rtype = record_type_code(record_type)
-    if rtype == 2:
+    if rtype == RecordTypeCode.BYTE_ARRAY:
         return BYTE_ARRAY_SCHEMA
-    stats: dict[tuple[int, bytes], _Stats] = {}
+    stats: dict[tuple[Section, bytes], _Stats] = {}
     total = 0
     for chunk in chunks:
         total += len(chunk)
-        for name, section, kind, present, lo, hi, _lo_in, _hi_in, kind_rec in _inspect(chunk, rtype):
-            s = stats.get((section, name))
-            place = (chunk.path, chunk.offset(kind_rec)) if kind_rec >= 0 else None
+        for col in _inspect(chunk, rtype):
+            section, kind = Section(col.section), Kind(col.kind)
+            s = stats.get((section, col.name))
+            place = (chunk.path, chunk.offset(col.kind_record)) if col.kind_record >= 0 else None
             if s is None:
-                s = stats[(section, name)] = _Stats(section, kind, place)
-            elif kind != _NONE and s.kind == _NONE:
+                s = stats[(section, col.name)] = _Stats(section, kind, place)
+            elif kind != Kind.NONE and s.kind == Kind.NONE:
                 s.kind, s.kind_place = kind, place
-            elif kind != _NONE and kind != s.kind:
+            elif kind != Kind.NONE and kind != s.kind:
                 raise SchemaError(f"feature is {_KIND_NAMES[kind]} in {_place(place)} but {_KIND_NAMES[s.kind]} in "
-                                  f"{_place(s.kind_place)}; kinds never merge", column=_name(name))
-            s.present += present
-            s.min_count = min(s.min_count, lo)
-            s.max_count = max(s.max_count, hi)
+                                  f"{_place(s.kind_place)}; kinds never merge", column=_name(col.name))
+            s.present += col.present
+            s.min_count = min(s.min_count, col.min_count)
+            s.max_count = max(s.max_count, col.max_count)
     fields = []
     names = {}
     for (section, raw), s in sorted(stats.items(), key=lambda kv: kv[0][1]):
@@ -136,11 +136,11 @@ def _name(raw: bytes) -> str:
 
 
 def _type(s: _Stats, total: int, fixed_size_lists: bool) -> pa.DataType:
-    leaf = pa.null() if s.kind == _NONE else _NATIVE_LEAF[s.kind]
-    if s.section == 1:
+    leaf = pa.null() if s.kind == Kind.NONE else _NATIVE_LEAF[s.kind]
+    if s.section == Section.FEATURE_LISTS:
         return pa.list_(pa.list_(leaf))
-    if s.kind != _NONE and s.present == total and s.min_count == s.max_count == 1:
+    if s.kind != Kind.NONE and s.present == total and s.min_count == s.max_count == 1:
         return leaf
-    if fixed_size_lists and s.kind != _NONE and s.present == total and s.min_count == s.max_count > 1:
+    if fixed_size_lists and s.kind != Kind.NONE and s.present == total and s.min_count == s.max_count > 1:
         return pa.list_(leaf, s.max_count)
     return pa.list_(leaf)

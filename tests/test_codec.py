@@ -378,7 +378,7 @@ def test_encode_converts_widths_and_bools():
 
 
 def test_ray_tensor_columns_encode_as_flat_lists_and_read_back_as_tensors():
-    from ray.data._internal.tensor_extensions.arrow import ArrowTensorArray
+    from ray.data.extensions import ArrowTensorArray
 
     images = np.arange(2 * 3 * 4).reshape(2, 3, 4)
     tensors = ArrowTensorArray.from_numpy(images)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_tfrecord import _native
+from ray_tfrecord._contract import Status
 from ray_tfrecord.errors import CorruptRecordError
 from ray_tfrecord.framing import (CorruptionReport, RecordWriter, detect_compression, frame_records, iter_chunks,
                                   masked_crc32c, open_stream)
@@ -150,14 +151,17 @@ def test_length_claiming_far_more_than_the_file_reads_nothing_more():
 
 def test_scan_reports_every_defect_kind():
     good = frame_records([b"abc"])
-    assert _native.scan(good[:5], final=True)[3] == [(1, 0, 5, 0)]
+    (short,) = _native.scan(good[:5], final=True).errors
+    assert (short.status, short.offset, short.length, short.available) == (Status.TRUNCATED_HEADER, 0, 0, 5)
     bad_len = bytearray(good)
     bad_len[9] ^= 1
-    assert _native.scan(bytes(bad_len))[3][0][:2] == (3, 0)
+    first = _native.scan(bytes(bad_len)).errors[0]
+    assert (first.status, first.offset) == (Status.BAD_LENGTH_CRC, 0)
     bad_data = bytearray(good)
     bad_data[13] ^= 1
-    assert _native.scan(bytes(bad_data))[3][0][:2] == (4, 0)
-    assert _native.scan(bytes(bad_data), verify=False)[2] == len(good)
+    first = _native.scan(bytes(bad_data)).errors[0]
+    assert (first.status, first.offset) == (Status.BAD_DATA_CRC, 0)
+    assert _native.scan(bytes(bad_data), verify=False).consumed == len(good)
 
 
 @pytest.mark.parametrize("compression,name", [("gzip", "a.tfrecord"), ("zlib", "b.tfrecord.gz"), (None, "c.gz")])

@@ -16,13 +16,16 @@ import pyarrow as pa
 import pytest
 
 from ray_tfrecord import _native, codec
+from ray_tfrecord._contract import EncodeColumn, Kind, RecordTypeCode, Shape
 from ray_tfrecord.framing import frame_records, iter_chunks
 from ray_tfrecord.schema import infer_schema
 
 
 def native_in_subprocess(code: str) -> subprocess.CompletedProcess:
     """Run code against _native in a fresh interpreter, so a regression crashes it, not pytest."""
-    return subprocess.run([sys.executable, "-c", "from ray_tfrecord import _native\n" + textwrap.dedent(code)],
+    preamble = ("from ray_tfrecord import _native\n"
+                "from ray_tfrecord._contract import EncodeColumn, Kind, RecordTypeCode, Shape\n")
+    return subprocess.run([sys.executable, "-c", preamble + textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -33,8 +36,8 @@ def test_inspect_gives_every_new_feature_its_own_column():
                              "y": pa.array([[1.0], [2.0, 3.0]], pa.list_(pa.float32()))})
     chunks = list(iter_chunks(io.BytesIO(bytes(codec.encode(batch).data)), path="m"))
     assert infer_schema(chunks) == pa.schema(sorted(batch.schema, key=lambda f: f.name))
-    stats = {name: present for name, _, _, present, *_ in
-             _native.inspect(chunks[0].buffer, chunks[0].positions, chunks[0].lengths, 0)}
+    stats = {col.name: col.present for col in
+             _native.inspect(chunks[0].buffer, chunks[0].positions, chunks[0].lengths, RecordTypeCode.EXAMPLE)}
     assert stats == {f.name.encode(): 2 for f in batch.schema}
 
 
@@ -44,7 +47,7 @@ def test_encode_of_more_rows_than_memory_holds_is_a_memory_error(nrows):
     # offsets were written far past their buffer (a segfault).
     out = native_in_subprocess(f"""
         try:
-            _native.encode(0, {nrows}, [])
+            _native.encode(RecordTypeCode.EXAMPLE, {nrows}, [])
         except MemoryError:
             print("MemoryError")
     """)
@@ -57,7 +60,8 @@ def test_encode_rejects_a_bitmap_offset_that_overflows_with_the_row_count():
     out = native_in_subprocess(f"""
         import numpy as np
         try:
-            _native.encode(0, 3, [(b"a", 2, 0, b"\\xff", {2**63 - 3}, None, None, np.zeros(3, np.int64), None)])
+            _native.encode(RecordTypeCode.EXAMPLE, 3, [EncodeColumn(
+                b"a", Kind.INT64, Shape.SCALAR, b"\\xff", {2**63 - 3}, None, None, np.zeros(3, np.int64), None)])
         except ValueError as e:
             print(e)
     """)
@@ -67,7 +71,8 @@ def test_encode_rejects_a_bitmap_offset_that_overflows_with_the_row_count():
 def test_encode_rejects_a_row_count_whose_successor_overflows():
     # fuzz target `encode` (UBSan): nrows + 1 overflowed int64 in the list-offsets check.
     with pytest.raises(ValueError, match=r"^column b'a': fewer list offsets than rows$"):
-        _native.encode(0, 2**63 - 1, [(b"a", 2, 1, None, 0, np.zeros(2, np.int64), None, np.zeros(1, np.int64), None)])
+        _native.encode(RecordTypeCode.EXAMPLE, 2**63 - 1, [EncodeColumn(
+            b"a", Kind.INT64, Shape.LIST, None, 0, np.zeros(2, np.int64), None, np.zeros(1, np.int64), None)])
 
 
 def test_empty_values_as_the_first_values_of_a_batch():

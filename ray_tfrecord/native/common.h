@@ -1,0 +1,146 @@
+/*
+ * Types shared by the native codec's units. Nothing here (or in any unit but module.c) depends on
+ * Python, so the fuzz harness links the units alone.
+ *
+ * Every length read from input is checked against the bytes that remain before it is used, and
+ * nothing is allocated from an untrusted length.
+ */
+#ifndef RT_COMMON_H
+#define RT_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ray_tfrecord's native codec assumes a little-endian host (TFRecord and protobuf are little-endian)"
+#endif
+
+/* Helpers that one unit uses and another does not. */
+#define RT_MAYBE_UNUSED __attribute__((unused))
+
+/* The units' entry points have external linkage when each unit is compiled alone (the fuzz
+ * harness links them); module.c defines RT_API as static before including them all, so the
+ * extension is one translation unit whose functions the compiler may inline and lay out as it
+ * would a single file's. */
+#ifdef RT_API
+#define RT_EXTERN RT_API
+#else
+#define RT_API
+#define RT_EXTERN extern
+#endif
+
+/* Every way a native call can fail, with the text users see. One list, so the enum, the messages
+ * and the names the module exports to Python cannot drift apart. Statuses named MALFORMED_* are
+ * protobuf wire-format violations ("malformed record"). */
+#define RT_STATUS_LIST(X)                                                                          \
+    X(OK, "ok")                                                                                     \
+    /* framing */                                                                                   \
+    X(TRUNCATED_HEADER, "truncated record header")                                                  \
+    X(TRUNCATED_DATA, "truncated record")                                                           \
+    X(BAD_LENGTH_CRC, "corrupted record: length CRC mismatch")                                      \
+    X(BAD_DATA_CRC, "corrupted record: data CRC mismatch")                                          \
+    /* protobuf wire format */                                                                      \
+    X(MALFORMED_TAG, "field tag varint runs past its message")                                      \
+    X(MALFORMED_FIELD_NUMBER, "invalid field number")                                               \
+    X(MALFORMED_VARINT, "varint runs past its message")                                             \
+    X(MALFORMED_FIXED64, "fixed64 field runs past its message")                                     \
+    X(MALFORMED_FIXED32, "fixed32 field runs past its message")                                     \
+    X(MALFORMED_LENGTH, "length varint runs past its message")                                      \
+    X(MALFORMED_OVERRUN, "length-delimited field overruns its parent message")                      \
+    X(MALFORMED_WIRE_TYPE, "unsupported wire type (groups or invalid)")                             \
+    X(MALFORMED_PACKED_INT64, "packed int64 varint runs past its list")                             \
+    X(MALFORMED_PACKED_FLOAT, "packed float list length is not a multiple of 4")                    \
+    /* a feature that does not fit its column */                                                    \
+    X(KIND_MISMATCH, "feature kind differs from the column's kind")                                 \
+    X(COUNT_MISMATCH, "feature holds the wrong number of values for its column")                    \
+    /* limits of one call (32-bit Arrow offsets) */                                                 \
+    X(BYTES_TOO_LARGE, "bytes values exceed 2 GiB in one batch")                                    \
+    X(TOO_MANY_VALUES, "more than 2^31 values in one batch")                                        \
+    X(RECORDS_TOO_LARGE, "records exceed 2 GiB in one batch")                                       \
+    X(OUT_OF_MEMORY, "out of memory")                                                               \
+    /* inconsistent arguments from the caller */                                                    \
+    X(BAD_SPAN, "record span lies outside the buffer")                                              \
+    X(BAD_SPEC, "invalid column spec")                                                              \
+    X(VALIDITY_TOO_SHORT, "validity bitmap too short")                                              \
+    X(BYTES_OFFSETS_OUT_OF_RANGE, "bytes offsets out of range")                                     \
+    X(FEWER_VALUES_THAN_ROWS, "fewer values than rows")                                             \
+    X(FEWER_LIST_OFFSETS_THAN_ROWS, "fewer list offsets than rows")                                 \
+    X(SEQUENCE_OFFSETS_OUT_OF_RANGE, "sequence offsets out of range")                               \
+    X(INNER_OFFSETS_OUT_OF_RANGE, "inner list offsets out of range")                                \
+    X(NULL_LIST_HOLDS_VALUES, "null-typed list holds values")                                       \
+    X(LIST_OFFSETS_OUT_OF_RANGE, "list offsets out of range")                                       \
+    /* a codec bug, reported rather than written out */                                             \
+    X(SIZE_MISMATCH, "internal error: encoded size mismatch")
+
+typedef enum {
+#define RT_STATUS_ENUM(name, message) RT_##name,
+    RT_STATUS_LIST(RT_STATUS_ENUM)
+#undef RT_STATUS_ENUM
+    RT_STATUS_COUNT
+} rt_status;
+
+static inline const char *rt_status_message(rt_status s) {
+    static const char *const messages[] = {
+#define RT_STATUS_MESSAGE(name, message) message,
+        RT_STATUS_LIST(RT_STATUS_MESSAGE)
+#undef RT_STATUS_MESSAGE
+    };
+    return (unsigned)s < RT_STATUS_COUNT ? messages[s] : "unknown status";
+}
+
+/* A feature's kind (K_NONE: no kind set, or not seen yet), a column's shape, the record type,
+ * and the map a feature lives in. */
+enum { K_NONE = -1, K_BYTES = 0, K_FLOAT = 1, K_INT64 = 2, K_NULL = 3 };
+enum { S_SCALAR = 0, S_LIST = 1, S_FIXED = 2, S_SEQ = 3 };
+enum { R_EXAMPLE = 0, R_SEQUENCE = 1, R_BYTES = 2 };
+enum { SECTION_CONTEXT = 0, SECTION_FEATURE_LISTS = 1 };
+
+/* Where a call failed: the status plus what Python needs to name the file offset and column.
+ * The last three are set only for the statuses named beside them. */
+typedef struct {
+    rt_status status;
+    int64_t record;       /* record index within the call, -1 if none */
+    int col;              /* column index, -1 if none */
+    int64_t offset;       /* byte offset within the record, -1 if none */
+    int64_t actual;       /* KIND_MISMATCH: the feature's kind; COUNT_MISMATCH: its value count */
+    int64_t expected;     /* KIND_MISMATCH: the column's kind; COUNT_MISMATCH: the count it needs */
+    int64_t other_record; /* inspect's KIND_MISMATCH: the record where the column got its kind */
+} rt_error;
+
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* Whether the record whose header starts at pos, with a payload of len bytes, lies inside n bytes. */
+static inline int rt_span_ok(size_t n, int64_t pos, int64_t len) {
+    return pos >= 0 && len >= 0 && (uint64_t)pos <= n && (uint64_t)len <= n - (uint64_t)pos &&
+           n - (uint64_t)pos - (uint64_t)len >= 12;
+}
+
+/* Growable output: filled while decoding or encoding, then handed to the caller as is. */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+} Buf;
+
+/* Afterwards b->p is never NULL, so callers may form b->p + b->len even to write nothing. */
+static RT_MAYBE_UNUSED int buf_reserve(Buf *b, size_t extra) {
+    if (extra <= b->cap - b->len && b->p) return 0;
+    if (extra > SIZE_MAX / 4 - b->len) return -1;
+    size_t want = b->len + extra, cap = b->cap ? b->cap : 256;
+    while (cap < want) cap *= 2;
+    uint8_t *np = realloc(b->p, cap);
+    if (!np) return -1;
+    b->p = np;
+    b->cap = cap;
+    return 0;
+}
+
+/* Memory lent by the caller for the length of one call. */
+typedef struct {
+    const void *buf;
+    size_t len;
+} Mem;
+
+#endif

@@ -1,0 +1,232 @@
+/* Decode: records into the buffers of the schema's columns, without a Python object per value. */
+#include "decode.h"
+
+RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
+    memset(cs, 0, sizeof(*cs));
+    cs->cols = calloc((size_t)(ncols > 0 ? ncols : 1), sizeof(Col));
+    if (!cs->cols) return RT_OUT_OF_MEMORY;
+    cs->cap = ncols;
+    return RT_OK;
+}
+
+RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
+                               int section) {
+    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
+        (kind == K_NULL && shape != S_LIST && shape != S_SEQ) ||
+        (section != SECTION_CONTEXT && section != SECTION_FEATURE_LISTS))
+        return RT_BAD_SPEC;
+    if (rt_table_add(&cs->names, name, name_len, section) < 0) return RT_OUT_OF_MEMORY;
+    Col *c = &cs->cols[cs->ncols++]; /* counted now: rt_decode_free frees what follows */
+    c->kind = kind;
+    c->shape = shape;
+    c->fixed_n = fixed_n;
+    c->section = section;
+    c->seen = -1;
+    int32_t zero = 0;
+    if (c->kind == K_BYTES) {
+        if (buf_reserve(&c->vals, 4)) return RT_OUT_OF_MEMORY;
+        memcpy(c->vals.p, &zero, 4);
+        c->vals.len = 4;
+    }
+    if (c->shape == S_LIST || c->shape == S_SEQ) {
+        if (buf_reserve(&c->rowoff, 4)) return RT_OUT_OF_MEMORY;
+        memcpy(c->rowoff.p, &zero, 4);
+        c->rowoff.len = 4;
+    }
+    if (c->shape == S_SEQ) {
+        if (buf_reserve(&c->inner, 4)) return RT_OUT_OF_MEMORY;
+        memcpy(c->inner.p, &zero, 4);
+        c->inner.len = 4;
+    }
+    return RT_OK;
+}
+
+RT_API void rt_decode_free(Cols *cs) {
+    for (int i = 0; i < cs->ncols; i++) {
+        Col *c = &cs->cols[i];
+        free(c->valid.p);
+        free(c->rowoff.p);
+        free(c->inner.p);
+        free(c->vals.p);
+        free(c->data.p);
+    }
+    free(cs->cols);
+    rt_table_free(&cs->names);
+    memset(cs, 0, sizeof(*cs));
+}
+
+/* Undo what a column took from the current record (a repeated map key: the last one wins). */
+static void col_rollback(Col *c) {
+    c->nvals = c->row_vals;
+    c->ninner = c->row_inner;
+    c->data.len = (size_t)c->row_data;
+    c->vals.len = c->kind == K_BYTES ? (size_t)(c->row_vals + 1) * 4 : (size_t)c->row_vals * elem_size(c->kind);
+    if (c->shape == S_SEQ) c->inner.len = (size_t)(c->row_inner + 1) * 4;
+}
+
+/* One Feature message into column ci; returns the number of values through *count. */
+static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end, int64_t *count) {
+    Col *col = &cs->cols[ci];
+    Feature ft;
+    if (feature_parse(c, p, end, ci, &ft)) return -1;
+    *count = 0;
+    if (ft.kind == K_NONE) return 0;
+    if (ft.kind != col->kind) {
+        c->err.actual = ft.kind;
+        c->err.expected = col->kind;
+        return fail_at(c, RT_KIND_MISMATCH, p, ci);
+    }
+    if (feature_collect(c, &ft, end, &col->vals, &col->data, ci, 1, count)) return -1;
+    col->nvals += *count;
+    if (col->kind == K_BYTES && col->nvals > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, p, ci);
+    return 0;
+}
+
+static int push_i32(Ctx *c, Buf *b, int64_t v, int ci) {
+    if (v > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, NULL, ci);
+    if (buf_reserve(b, 4)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
+    int32_t x = (int32_t)v;
+    memcpy(b->p + b->len, &x, 4);
+    b->len += 4;
+    return 0;
+}
+
+/* A FeatureList (SequenceExample feature_lists value) into a list<list<T>> column. */
+static int feature_list_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        const uint8_t *vs, *ve;
+        uint32_t f;
+        int wt;
+        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
+        if (f != 1 || wt != 2) continue;
+        int64_t n;
+        if (feature_values(c, cs, ci, vs, ve, &n)) return -1;
+        Col *col = &cs->cols[ci];
+        col->ninner++;
+        if (push_i32(c, &col->inner, col->nvals, ci)) return -1;
+    }
+    return 0;
+}
+
+/* A Features or FeatureLists map; features outside the schema are skipped. */
+static int parse_map(Ctx *c, Cols *cs, const uint8_t *p, const uint8_t *end, int section) {
+    MapEntry e;
+    int rc;
+    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
+        int ci = rt_table_lookup(&cs->names, entry_no, section, e.key, e.key_len);
+        if (ci < 0) continue;
+        Col *col = &cs->cols[ci];
+        if (col->seen == c->record) col_rollback(col);
+        col->seen = c->record;
+        if (!e.val) continue;
+        if (section == SECTION_CONTEXT) {
+            int64_t n;
+            if (feature_values(c, cs, ci, e.val, e.val_end, &n)) return -1;
+        } else if (feature_list_values(c, cs, ci, e.val, e.val_end)) {
+            return -1;
+        }
+    }
+    return rc;
+}
+
+static int set_bit(Buf *b, int64_t i, int v) {
+    if ((size_t)(i / 8) >= b->len) {
+        if (buf_reserve(b, 1)) return -1;
+        b->p[b->len++] = 0;
+    }
+    if (v) b->p[i / 8] |= (uint8_t)(1u << (i % 8));
+    return 0;
+}
+
+/* Closes the current row of every column: validity, offsets, value-count rules, null fill. */
+static int finish_record(Ctx *c, Cols *cs) {
+    for (int ci = 0; ci < cs->ncols; ci++) {
+        Col *col = &cs->cols[ci];
+        int present = col->seen == c->record;
+        int64_t n = col->nvals - col->row_vals;
+        if (present && col->shape == S_SCALAR && n != 1) {
+            c->err.actual = n;
+            c->err.expected = 1;
+            return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
+        }
+        if (present && col->shape == S_FIXED && n != col->fixed_n) {
+            c->err.actual = n;
+            c->err.expected = col->fixed_n;
+            return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
+        }
+        if (set_bit(&col->valid, col->nrows, present)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
+        if (!present) {
+            col->nulls++;
+            int64_t fill = col->shape == S_SCALAR ? 1 : col->shape == S_FIXED ? col->fixed_n : 0;
+            for (int64_t k = 0; k < fill; k++) {
+                if (col->kind == K_BYTES) {
+                    if (push_i32(c, &col->vals, (int64_t)col->data.len, ci)) return -1;
+                } else if (col->kind != K_NULL) {
+                    size_t es = elem_size(col->kind);
+                    if (buf_reserve(&col->vals, es)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
+                    memset(col->vals.p + col->vals.len, 0, es);
+                    col->vals.len += es;
+                }
+            }
+            col->nvals += fill;
+        }
+        if (col->shape == S_LIST && push_i32(c, &col->rowoff, col->nvals, ci)) return -1;
+        if (col->shape == S_SEQ && push_i32(c, &col->rowoff, col->ninner, ci)) return -1;
+        col->row_vals = col->nvals;
+        col->row_inner = col->ninner;
+        col->row_data = (int64_t)col->data.len;
+        col->nrows++;
+    }
+    return 0;
+}
+
+/* Records of a dataset are alike: after a few, reserve what the whole call will need, so buffers
+ * do not grow by repeated doubling (each doubling copies and touches fresh pages). A wrong guess
+ * costs nothing in correctness; buffers still grow on demand. */
+static void presize(Cols *cs, int64_t done, int64_t nrec) {
+    double scale = (double)nrec / (double)done * 1.05;
+    for (int i = 0; i < cs->ncols; i++) {
+        Col *c = &cs->cols[i];
+        Buf *bufs[] = {&c->valid, &c->rowoff, &c->inner, &c->vals, &c->data};
+        for (int b = 0; b < 5; b++) {
+            size_t want = (size_t)((double)bufs[b]->len * scale) + 64;
+            if (want > bufs[b]->cap) buf_reserve(bufs[b], want - bufs[b]->len);
+        }
+    }
+}
+
+RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+                      const int64_t *lens, int64_t nrec) {
+    for (int64_t r = 0; r < nrec; r++) {
+        const uint8_t *p, *end, *vs, *ve;
+        int section, rc;
+        if (record_begin(c, buf, n, pos, lens, r, &p, &end)) return -1;
+        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
+            if (parse_map(c, cs, vs, ve, section)) return -1;
+        if (rc < 0 || finish_record(c, cs)) return -1;
+        if (r == 7 && nrec > 64) presize(cs, r + 1, nrec);
+    }
+    cs->nrecords = nrec;
+    return 0;
+}
+
+RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
+                        Buf *offsets, Buf *data) {
+    uint64_t total = 0;
+    for (int64_t r = 0; r < nrec; r++) {
+        if (!rt_span_ok(n, pos[r], lens[r])) return RT_BAD_SPAN;
+        total += (uint64_t)lens[r];
+    }
+    if (total > INT32_MAX) return RT_RECORDS_TOO_LARGE;
+    if (buf_reserve(offsets, (size_t)(nrec + 1) * 4) || buf_reserve(data, (size_t)total)) return RT_OUT_OF_MEMORY;
+    int32_t o = 0;
+    memcpy(offsets->p, &o, 4);
+    for (int64_t r = 0; r < nrec; r++) {
+        memcpy(data->p + o, buf + pos[r] + 12, (size_t)lens[r]);
+        o += (int32_t)lens[r];
+        memcpy(offsets->p + 4 * (r + 1), &o, 4);
+    }
+    offsets->len = (size_t)(nrec + 1) * 4;
+    data->len = (size_t)total;
+    return RT_OK;
+}

@@ -1,0 +1,46 @@
+/* Decode: Example / SequenceExample records into Arrow-layout column buffers. */
+#ifndef RT_DECODE_H
+#define RT_DECODE_H
+
+#include "common.h"
+#include "table.h"
+#include "wire.h"
+
+/* One schema column. Buffers follow Arrow's layouts: a validity bitmap, int32 row offsets (list
+ * and sequence shapes), int32 step offsets (sequence), values (int64, float32, or for bytes the
+ * int32 offsets into data). */
+typedef struct {
+    int kind, shape, section;
+    int64_t fixed_n;
+    Buf valid, rowoff, inner, vals, data;
+    int64_t nrows, nulls, nvals, ninner;
+    int64_t row_vals, row_inner, row_data; /* where the current record's values begin */
+    int64_t seen;                          /* the last record that held this feature */
+} Col;
+
+typedef struct {
+    Col *cols;
+    int ncols, cap;
+    rt_table names; /* names.keys[i]: cols[i]'s name */
+    int64_t nrecords;
+} Cols;
+
+static inline size_t elem_size(int kind) { return kind == K_INT64 ? 8 : kind == K_FLOAT ? 4 : 0; }
+
+/* Room for ncols columns; RT_OK or RT_OUT_OF_MEMORY. Free with rt_decode_free whatever it returns. */
+RT_API rt_status rt_decode_init(Cols *cs, int ncols);
+/* Adds the next column (its name borrowed until rt_decode_free): RT_OK, RT_BAD_SPEC for a spec
+ * decode cannot honour (nothing added), or RT_OUT_OF_MEMORY. */
+RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
+                               int section);
+/* Decodes the nrec records whose headers start at pos[] (payload lengths lens[]) in buf[0, n).
+ * 0, or -1 with c->err set. */
+RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
+                      const int64_t *lens, int64_t nrec);
+RT_API void rt_decode_free(Cols *cs);
+
+/* ByteArray records: their raw payloads as one binary column (int32 offsets, data). */
+RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
+                        Buf *offsets, Buf *data);
+
+#endif

@@ -1,0 +1,249 @@
+/* Encode: two passes per row, sizes first, so every message is written once, in place. */
+#include "encode.h"
+
+#include "crc32c.h"
+
+static inline size_t vsize(uint64_t v) { return 1 + (size_t)(63 - __builtin_clzll(v | 1)) / 7; }
+
+static inline uint8_t *put_varint(uint8_t *o, uint64_t v) {
+    while (v >= 0x80) {
+        *o++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *o++ = (uint8_t)v;
+    return o;
+}
+
+/* Payload of a packed Int64List / FloatList, or the whole BytesList body, over elements [a, b). */
+static size_t list_payload(const ECol *c, int64_t a, int64_t b) {
+    size_t s = 0;
+    if (c->kind == K_INT64) {
+        const int64_t *v = c->vals.buf;
+        for (int64_t k = a; k < b; k++) s += vsize((uint64_t)v[k]);
+    } else if (c->kind == K_FLOAT) {
+        s = (size_t)(b - a) * 4;
+    } else if (c->kind == K_BYTES) {
+        const int64_t *o = c->vals.buf;
+        for (int64_t k = a; k < b; k++) {
+            size_t len = (size_t)(o[k + 1] - o[k]);
+            s += 1 + vsize(len) + len;
+        }
+    }
+    return s;
+}
+
+static inline size_t list_size(const ECol *c, int64_t a, int64_t b, size_t payload) {
+    if (b <= a) return 0;
+    return c->kind == K_BYTES ? payload : 1 + vsize(payload) + payload;
+}
+
+/* A Feature message; a null-typed column writes a Feature with no kind set. */
+/* Sizes take the list payload from the caller: summing varint sizes is a pass over the values,
+ * and the size pass's result serves the write pass too. */
+static size_t feature_size(const ECol *c, int64_t a, int64_t b, size_t payload) {
+    if (c->kind == K_NULL) return 0;
+    size_t ls = list_size(c, a, b, payload);
+    return 1 + vsize(ls) + ls;
+}
+
+static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, size_t payload) {
+    if (c->kind == K_NULL) return o;
+    size_t ls = list_size(c, a, b, payload);
+    *o++ = c->kind == K_BYTES ? 0x0A : c->kind == K_FLOAT ? 0x12 : 0x1A;
+    o = put_varint(o, ls);
+    if (b <= a) return o;
+    if (c->kind == K_INT64) {
+        const int64_t *v = c->vals.buf;
+        *o++ = 0x0A;
+        o = put_varint(o, payload);
+        for (int64_t k = a; k < b; k++) o = put_varint(o, (uint64_t)v[k]);
+    } else if (c->kind == K_FLOAT) {
+        *o++ = 0x0A;
+        o = put_varint(o, payload);
+        memcpy(o, (const uint8_t *)c->vals.buf + a * 4, payload);
+        o += payload;
+    } else {
+        const int64_t *off = c->vals.buf;
+        const uint8_t *d = c->data.buf;
+        for (int64_t k = a; k < b; k++) {
+            size_t len = (size_t)(off[k + 1] - off[k]);
+            *o++ = 0x0A;
+            o = put_varint(o, len);
+            memcpy(o, d + off[k], len);
+            o += len;
+        }
+    }
+    return o;
+}
+
+/* Size of row i's map value (a Feature, or a FeatureList); *payload keeps a Feature's list payload. */
+static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
+    int64_t a, b;
+    row_span(c, i, &a, &b);
+    if (c->shape != S_SEQ) {
+        *payload = list_payload(c, a, b);
+        return feature_size(c, a, b, *payload);
+    }
+    const int64_t *in = c->inner.buf;
+    size_t s = 0;
+    for (int64_t k = a; k < b; k++) {
+        size_t fs = feature_size(c, in[k], in[k + 1], list_payload(c, in[k], in[k + 1]));
+        s += 1 + vsize(fs) + fs;
+    }
+    return s;
+}
+
+static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, size_t payload) {
+    size_t entry = 1 + vsize(c->key_len) + c->key_len + 1 + vsize(body) + body;
+    *o++ = 0x0A;
+    o = put_varint(o, entry);
+    *o++ = 0x0A;
+    o = put_varint(o, c->key_len);
+    memcpy(o, c->key, c->key_len);
+    o += c->key_len;
+    *o++ = 0x12;
+    o = put_varint(o, body);
+    int64_t a, b;
+    row_span(c, i, &a, &b);
+    if (c->shape != S_SEQ) return write_feature(o, c, a, b, payload);
+    const int64_t *in = c->inner.buf;
+    for (int64_t k = a; k < b; k++) {
+        size_t step = list_payload(c, in[k], in[k + 1]);
+        *o++ = 0x0A;
+        o = put_varint(o, feature_size(c, in[k], in[k + 1], step));
+        o = write_feature(o, c, in[k], in[k + 1], step);
+    }
+    return o;
+}
+
+static inline size_t entry_total(const ECol *c, size_t body) {
+    size_t entry = 1 + vsize(c->key_len) + c->key_len + 1 + vsize(body) + body;
+    return 1 + vsize(entry) + entry;
+}
+
+/* Its own function (and so, with -falign-functions, at a fixed place in a cache line): this loop
+ * is the whole cost of encoding a few rows sliced from a long list column, whose child's offsets
+ * are all checked, and its speed halved when inlining let it straddle a cache-line boundary. */
+static __attribute__((noinline)) int monotone(const int64_t *o, int64_t n, int64_t hi) {
+    if (n < 1 || o[0] < 0) return 0;
+    for (int64_t k = 1; k < n; k++)
+        if (o[k] < o[k - 1]) return 0;
+    return o[n - 1] <= hi;
+}
+
+/* Checks that every offset stays inside the buffers it points into. Sums of caller-supplied
+ * counts are written as differences, which cannot overflow (all of them are >= 0). */
+static rt_status ecol_check(const ECol *c, int64_t nrows) {
+    if (c->has_valid && (int64_t)c->valid.len * 8 - nrows < c->valid_off) return RT_VALIDITY_TOO_SHORT;
+    int64_t elems = c->kind == K_INT64 ? c->nvals : c->kind == K_FLOAT ? c->nvals : c->kind == K_BYTES ? c->nvals - 1 : 0;
+    if (c->kind == K_BYTES && !monotone(c->vals.buf, c->nvals, c->ndata)) return RT_BYTES_OFFSETS_OUT_OF_RANGE;
+    if (c->shape == S_SCALAR) return elems >= nrows ? RT_OK : RT_FEWER_VALUES_THAN_ROWS;
+    if (c->nrowoff - 1 < nrows) return RT_FEWER_LIST_OFFSETS_THAN_ROWS;
+    if (c->shape == S_SEQ) {
+        if (!monotone(c->rowoff.buf, nrows + 1, c->ninner - 1)) return RT_SEQUENCE_OFFSETS_OUT_OF_RANGE;
+        if (c->kind == K_NULL) return RT_OK;
+        return monotone(c->inner.buf, c->ninner, elems) ? RT_OK : RT_INNER_OFFSETS_OUT_OF_RANGE;
+    }
+    if (c->kind == K_NULL) {
+        const int64_t *r = c->rowoff.buf;
+        for (int64_t i = 0; i < nrows; i++)
+            if (r[i + 1] != r[i] && ecol_valid(c, i)) return RT_NULL_LIST_HOLDS_VALUES;
+        return RT_OK;
+    }
+    return monotone(c->rowoff.buf, nrows + 1, elems) ? RT_OK : RT_LIST_OFFSETS_OUT_OF_RANGE;
+}
+
+RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols) {
+    int bad = c->kind < K_BYTES || c->kind > K_NULL || c->valid_off < 0 ||
+              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQ) ||
+              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQ && c->kind != K_NULL && !c->has_inner) ||
+              (c->kind != K_NULL && !c->has_vals) || (c->kind == K_BYTES && !c->has_data) ||
+              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQ) ||
+              (rtype == R_BYTES && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
+    if (bad) return RT_BAD_SPEC;
+    c->nrowoff = c->has_rowoff ? (int64_t)(c->rowoff.len / 8) : 0;
+    c->ninner = c->has_inner ? (int64_t)(c->inner.len / 8) : 0;
+    c->nvals = c->has_vals ? (int64_t)(c->vals.len / (c->kind == K_FLOAT ? 4 : 8)) : 0;
+    c->ndata = c->has_data ? (int64_t)c->data.len : 0;
+    return RT_OK;
+}
+
+static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs) {
+    /* per column of the current row: its map value's size (SIZE_MAX: null) and list payload */
+    size_t *body = malloc(sizeof(size_t) * 2 * (size_t)(ncols ? ncols : 1)), *pay = body + (ncols ? ncols : 1);
+    /* more rows than memory can hold offsets for must not wrap nrows * 8 around to a small size */
+    if (!body || (uint64_t)nrows > SIZE_MAX / 8 || buf_reserve(offs, (size_t)nrows * 8)) {
+        free(body);
+        return RT_OUT_OF_MEMORY;
+    }
+    for (int64_t i = 0; i < nrows; i++) {
+        size_t ctx = 0, fl = 0;
+        if (rtype == R_BYTES) { /* the single binary column is the record payload itself */
+            int64_t a, b;
+            row_span(&cols[0], i, &a, &b);
+            const int64_t *off = cols[0].vals.buf;
+            ctx = (size_t)(off[a + 1] - off[a]);
+        }
+        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++) {
+            const ECol *c = &cols[ci];
+            if (!ecol_valid(c, i)) {
+                body[ci] = SIZE_MAX;
+                continue;
+            }
+            body[ci] = body_size(c, i, &pay[ci]);
+            if (c->shape == S_SEQ) fl += entry_total(c, body[ci]);
+            else ctx += entry_total(c, body[ci]);
+        }
+        size_t msg = rtype == R_BYTES ? ctx : 1 + vsize(ctx) + ctx;
+        if (rtype == R_SEQUENCE) msg += 1 + vsize(fl) + fl;
+        if (buf_reserve(out, msg + 16)) {
+            free(body);
+            return RT_OUT_OF_MEMORY;
+        }
+        int64_t start = (int64_t)out->len;
+        memcpy(offs->p + offs->len, &start, 8);
+        offs->len += 8;
+        uint8_t *h = out->p + out->len, *o = h + 12;
+        uint64_t len64 = msg;
+        memcpy(h, &len64, 8);
+        uint32_t lc = masked_crc(h, 8);
+        memcpy(h + 8, &lc, 4);
+        if (rtype == R_BYTES) {
+            const int64_t *off = cols[0].vals.buf;
+            memcpy(o, (const uint8_t *)cols[0].data.buf + off[i], ctx);
+            o += ctx;
+        } else {
+            *o++ = 0x0A;
+            o = put_varint(o, ctx);
+        }
+        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++)
+            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
+        if (rtype == R_SEQUENCE) {
+            *o++ = 0x12;
+            o = put_varint(o, fl);
+            for (int ci = 0; ci < ncols; ci++)
+                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], 0);
+        }
+        if ((size_t)(o - (h + 12)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
+            free(body);
+            return RT_SIZE_MISMATCH;
+        }
+        uint32_t dc = masked_crc(h + 12, msg);
+        memcpy(o, &dc, 4);
+        out->len += msg + 16;
+    }
+    free(body);
+    return RT_OK;
+}
+
+RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col) {
+    *bad_col = -1;
+    for (int ci = 0; ci < ncols; ci++) {
+        rt_status s = ecol_check(&cols[ci], nrows);
+        if (s != RT_OK) {
+            *bad_col = ci;
+            return s;
+        }
+    }
+    return encode_records(cols, ncols, rtype, nrows, out, offs);
+}

@@ -1,0 +1,613 @@
+/*
+ * ray_tfrecord._native: the Python face of the native codec, and the only file that includes
+ * Python.h. It parses arguments, releases the GIL around the Python-free cores, and hands results
+ * back as named struct sequences over zero-copy buffers (pa.py_buffer wraps them).
+ *
+ * The cores are compiled into this translation unit (a unity build, their entry points static),
+ * so their hot loops inline exactly as when they were one file; each still compiles and links
+ * alone (the fuzz harness).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <limits.h>
+#include <stdarg.h>
+
+#define RT_API static
+#include "crc32c.c"
+#include "scan.c"
+#include "table.c"
+#include "decode.c"
+#include "inspect.c"
+#include "encode.c"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffers: memory the cores allocated, owned by a Python object from here on                 */
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *data;
+    Py_ssize_t size;
+} NativeBuffer;
+
+static void nb_dealloc(NativeBuffer *self) {
+    free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int nb_getbuffer(NativeBuffer *self, Py_buffer *view, int flags) {
+    static uint8_t empty;
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data ? self->data : &empty, self->size, 1, flags);
+}
+
+static Py_ssize_t nb_len(NativeBuffer *self) { return self->size; }
+
+static PyBufferProcs nb_as_buffer = {(getbufferproc)nb_getbuffer, NULL};
+static PySequenceMethods nb_as_seq = {.sq_length = (lenfunc)nb_len};
+
+static PyTypeObject NativeBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord._native.Buffer",
+    .tp_basicsize = sizeof(NativeBuffer),
+    .tp_dealloc = (destructor)nb_dealloc,
+    .tp_as_buffer = &nb_as_buffer,
+    .tp_as_sequence = &nb_as_seq,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Read-only memory owned by the native codec (supports the buffer protocol).",
+};
+
+/* Takes ownership of b's memory; b is left empty. */
+static PyObject *buf_to_py(Buf *b) {
+    NativeBuffer *o = PyObject_New(NativeBuffer, &NativeBufferType);
+    if (!o) return NULL;
+    o->data = b->p;
+    o->size = (Py_ssize_t)b->len;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)o;
+}
+
+static PyObject *maybe_buf(Buf *b) {
+    if (!b->p) Py_RETURN_NONE;
+    return buf_to_py(b);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Named results                                                                               */
+
+static PyStructSequence_Field scan_fields[] = {
+    {"positions", "offset of each record's header in the buffer (int64 buffer)"},
+    {"lengths", "each record's payload length (int64 buffer)"},
+    {"consumed", "bytes scanned: the next scan starts here"},
+    {"errors", "the first framing defects found (FrameError)"},
+    {"error_count", "all framing defects found, including those not listed"},
+    {"need", "bytes the next scan needs from `consumed` on to make progress (0: none)"},
+    {"resyncing", "whether the next scan must first search for a record boundary"},
+    {NULL, NULL}};
+static PyStructSequence_Field frame_error_fields[] = {
+    {"status", "what is wrong (a Status)"},
+    {"offset", "where the record's header starts in the buffer"},
+    {"length", "what the length field claims (TRUNCATED_DATA, BAD_DATA_CRC)"},
+    {"available", "the bytes left after the header (TRUNCATED_HEADER: the bytes left)"},
+    {NULL, NULL}};
+static PyStructSequence_Field decoded_fields[] = {
+    {"validity", "validity bitmap, or None when no row is null"},
+    {"null_count", "null rows"},
+    {"row_offsets", "int32 offsets of each row (list and sequence shapes), else None"},
+    {"inner_offsets", "int32 offsets of each step (sequence shape), else None"},
+    {"values", "int64 or float32 values, or for bytes the int32 offsets into data"},
+    {"data", "bytes values, or None"},
+    {"value_count", "values in all rows"},
+    {"step_count", "steps in all rows (sequence shape)"},
+    {NULL, NULL}};
+static PyStructSequence_Field inspected_fields[] = {
+    {"name", "the feature's name"},
+    {"section", "the map it lives in (a Section)"},
+    {"kind", "its kind (a Kind; NONE if no record set one)"},
+    {"present", "records that hold it"},
+    {"min_count", "fewest values (steps, for a feature_list) in a record that holds it"},
+    {"max_count", "most values (steps, for a feature_list) in a record that holds it"},
+    {"kind_record", "the record that gave it its kind, -1 if none"},
+    {NULL, NULL}};
+static PyStructSequence_Field encoded_fields[] = {
+    {"data", "framed records"},
+    {"offsets", "where each record starts in data (int64 buffer)"},
+    {NULL, NULL}};
+static PyStructSequence_Field byte_array_fields[] = {
+    {"offsets", "int32 offsets of each payload in data"},
+    {"data", "the records' payloads, end to end"},
+    {NULL, NULL}};
+
+static PyStructSequence_Desc scan_desc = {"ray_tfrecord._native.ScanResult", "What scan() found.", scan_fields, 7};
+static PyStructSequence_Desc frame_error_desc = {"ray_tfrecord._native.FrameError", "A framing defect.",
+                                                 frame_error_fields, 4};
+static PyStructSequence_Desc decoded_desc = {"ray_tfrecord._native.DecodedColumn",
+                                             "One column's Arrow buffers, from decode().", decoded_fields, 8};
+static PyStructSequence_Desc inspected_desc = {"ray_tfrecord._native.InspectedColumn",
+                                               "One feature's statistics, from inspect().", inspected_fields, 7};
+static PyStructSequence_Desc encoded_desc = {"ray_tfrecord._native.Encoded", "What encode() wrote.", encoded_fields, 2};
+static PyStructSequence_Desc byte_array_desc = {"ray_tfrecord._native.ByteArray",
+                                                "Records' payloads as one binary column.", byte_array_fields, 2};
+
+static PyTypeObject *ScanResultType, *FrameErrorType, *DecodedColumnType, *InspectedColumnType, *EncodedType,
+    *ByteArrayType;
+
+/* A struct sequence of type from Py_BuildValue's fmt (a tuple format; N steals as usual). */
+static PyObject *new_struct(PyTypeObject *type, const char *fmt, ...) {
+    va_list va;
+    va_start(va, fmt);
+    PyObject *t = Py_VaBuildValue(fmt, va);
+    va_end(va);
+    if (!t) return NULL;
+    PyObject *s = PyStructSequence_New(type);
+    if (s)
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++)
+            PyStructSequence_SET_ITEM(s, i, Py_NewRef(PyTuple_GET_ITEM(t, i)));
+    Py_DECREF(t);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                      */
+
+static PyObject *CodecError;
+
+/* Raises CodecError(message) with the core's error as attributes; column: the column's name. */
+static void raise_codec_error(const rt_error *e, PyObject *column) {
+    PyObject *exc = PyObject_CallFunction(CodecError, "s", rt_status_message(e->status));
+    if (!exc) return;
+    struct {
+        const char *name;
+        PyObject *value;
+    } attrs[] = {
+        {"status", PyLong_FromLong(e->status)},
+        {"record", PyLong_FromLongLong(e->record)},
+        {"column", Py_NewRef(column ? column : Py_None)},
+        {"offset", PyLong_FromLongLong(e->offset)},
+        {"actual", PyLong_FromLongLong(e->actual)},
+        {"expected", PyLong_FromLongLong(e->expected)},
+        {"other_record", PyLong_FromLongLong(e->other_record)},
+    };
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(attrs) / sizeof(attrs[0]); i++) {
+        ok = ok && attrs[i].value && PyObject_SetAttrString(exc, attrs[i].name, attrs[i].value) == 0;
+        Py_XDECREF(attrs[i].value);
+    }
+    if (ok) PyErr_SetObject(CodecError, exc);
+    Py_DECREF(exc);
+}
+
+/* The exception for a status that is not about a record (no CodecError): MemoryError for
+ * OUT_OF_MEMORY, ValueError for the caller's inconsistent arguments, RuntimeError for a codec bug. */
+static PyObject *raise_status(rt_status s) {
+    if (s == RT_OUT_OF_MEMORY) return PyErr_NoMemory();
+    PyErr_SetString(s == RT_SIZE_MISMATCH ? PyExc_RuntimeError : PyExc_ValueError, rt_status_message(s));
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arguments                                                                                   */
+
+/* The common arguments of decode/inspect/byte_array: buffer, positions, lengths. */
+typedef struct {
+    Py_buffer buf, pos, lens;
+    int64_t nrec;
+} Spans;
+
+static int spans_get(PyObject *b, PyObject *p, PyObject *l, Spans *s) {
+    memset(s, 0, sizeof(*s));
+    if (PyObject_GetBuffer(b, &s->buf, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(p, &s->pos, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&s->buf);
+        return -1;
+    }
+    if (PyObject_GetBuffer(l, &s->lens, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&s->buf);
+        PyBuffer_Release(&s->pos);
+        return -1;
+    }
+    if (s->pos.len != s->lens.len || s->pos.len % 8) {
+        PyBuffer_Release(&s->buf);
+        PyBuffer_Release(&s->pos);
+        PyBuffer_Release(&s->lens);
+        PyErr_SetString(PyExc_ValueError, "positions and lengths must be int64 arrays of equal length");
+        return -1;
+    }
+    s->nrec = s->pos.len / 8;
+    return 0;
+}
+
+static void spans_release(Spans *s) {
+    PyBuffer_Release(&s->buf);
+    PyBuffer_Release(&s->pos);
+    PyBuffer_Release(&s->lens);
+}
+
+/* Specs are read by field name, so any object with those attributes (the NamedTuples of
+ * ray_tfrecord._contract) will do. */
+static int attr_ll(PyObject *o, const char *name, long long *out) {
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int attr_int(PyObject *o, const char *name, int *out) {
+    long long v;
+    if (attr_ll(o, name, &v)) return -1;
+    if (v < INT_MIN || v > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s out of range", name);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A new reference to the spec's name, which must be bytes. */
+static PyObject *attr_name(PyObject *o) {
+    PyObject *v = PyObject_GetAttrString(o, "name");
+    if (v && !PyBytes_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "column name must be bytes, not %.100s", Py_TYPE(v)->tp_name);
+        Py_CLEAR(v);
+    }
+    return v;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* scan, masked_crc32c                                                                         */
+
+static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"buffer", "verify", "final", "skip", "limit", "resync", NULL};
+    Py_buffer view;
+    rt_scan s = {.verify = 1, .final = 1};
+    long long limit = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|pppLp", kwlist, &view, &s.verify, &s.final, &s.skip, &limit,
+                                     &s.resync))
+        return NULL;
+    s.limit = limit < 0 ? (size_t)view.len : (size_t)limit;
+
+    Py_BEGIN_ALLOW_THREADS
+    rt_scan_run(&s, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+
+    PyBuffer_Release(&view);
+    PyObject *errlist = s.status == RT_OK ? PyList_New(s.nerr) : NULL;
+    for (int i = 0; errlist && i < s.nerr; i++) {
+        const rt_frame_error *e = &s.errs[i];
+        PyObject *t = new_struct(FrameErrorType, "(iLLL)", (int)e->status, (long long)e->offset, (long long)e->length,
+                                 (long long)e->available);
+        if (!t) Py_CLEAR(errlist);
+        else PyList_SET_ITEM(errlist, i, t);
+    }
+    if (!errlist) {
+        free(s.pos.p);
+        free(s.lens.p);
+        return s.status == RT_OK ? NULL : raise_status(s.status);
+    }
+    PyObject *result = new_struct(ScanResultType, "(NNnNLnO)", buf_to_py(&s.pos), buf_to_py(&s.lens),
+                                  (Py_ssize_t)s.consumed, errlist, (long long)s.nerr_total,
+                                  (Py_ssize_t)(s.need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : s.need),
+                                  s.resyncing ? Py_True : Py_False);
+    free(s.pos.p); /* still set only if buf_to_py failed */
+    free(s.lens.p);
+    return result;
+}
+
+static PyObject *py_masked_crc32c(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS
+    c = masked_crc(v.buf, (size_t)v.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* decode, inspect, byte_array                                                                 */
+
+/* After a core's failure: MemoryError, or the located CodecError naming the column. */
+static void raise_record_error(const Ctx *ctx, const rt_table *names) {
+    if (ctx->err.status == RT_OUT_OF_MEMORY) {
+        PyErr_NoMemory();
+        return;
+    }
+    const rt_key *k = ctx->err.col >= 0 ? &names->keys[ctx->err.col] : NULL;
+    PyObject *name = k ? PyBytes_FromStringAndSize((const char *)k->name, (Py_ssize_t)k->len) : NULL;
+    if (!k || name) raise_codec_error(&ctx->err, name);
+    Py_XDECREF(name);
+}
+
+static PyObject *py_decode(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *b, *p, *l, *spec;
+    int rtype;
+    if (!PyArg_ParseTuple(args, "OOOiO", &b, &p, &l, &rtype, &spec)) return NULL;
+    Spans s;
+    if (spans_get(b, p, l, &s)) return NULL;
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) {
+        spans_release(&s);
+        return NULL;
+    }
+    PyObject *result = NULL, *names = NULL; /* names keeps the columns' names alive */
+    Cols cs;
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    rt_status st = rt_decode_init(&cs, ncols > INT_MAX ? INT_MAX : (int)ncols);
+    if (st != RT_OK || ncols > INT_MAX) {
+        raise_status(st != RT_OK ? st : RT_BAD_SPEC);
+        goto done;
+    }
+    if (!(names = PyList_New(ncols))) goto done;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        int kind, shape, section;
+        long long fixed_n;
+        if (!name) goto done;
+        PyList_SET_ITEM(names, i, name);
+        if (attr_int(col, "kind", &kind) || attr_int(col, "shape", &shape) || attr_ll(col, "fixed_size", &fixed_n) ||
+            attr_int(col, "section", &section))
+            goto done;
+        st = rt_decode_add_column(&cs, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name), kind,
+                                  shape, fixed_n, section);
+        if (st != RT_OK) {
+            raise_status(st);
+            goto done;
+        }
+    }
+    Ctx ctx = {.record = -1};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rt_decode_records(&ctx, &cs, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        raise_record_error(&ctx, &cs.names);
+        goto done;
+    }
+    result = PyList_New(ncols);
+    for (Py_ssize_t i = 0; result && i < ncols; i++) {
+        Col *c = &cs.cols[i];
+        PyObject *valid = c->nulls ? buf_to_py(&c->valid) : Py_NewRef(Py_None);
+        PyObject *t = new_struct(DecodedColumnType, "(NLNNNNLL)", valid, (long long)c->nulls, maybe_buf(&c->rowoff),
+                                 maybe_buf(&c->inner), buf_to_py(&c->vals), maybe_buf(&c->data), (long long)c->nvals,
+                                 (long long)c->ninner);
+        if (!t) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, i, t);
+    }
+done:
+    rt_decode_free(&cs);
+    Py_XDECREF(names);
+    Py_DECREF(seq);
+    spans_release(&s);
+    return result;
+}
+
+static PyObject *py_inspect(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *b, *p, *l;
+    int rtype;
+    if (!PyArg_ParseTuple(args, "OOOi", &b, &p, &l, &rtype)) return NULL;
+    Spans s;
+    if (spans_get(b, p, l, &s)) return NULL;
+    Stats st = {0};
+    Ctx ctx = {.record = -1};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rt_inspect_records(&ctx, &st, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (rc) {
+        raise_record_error(&ctx, &st.names);
+        goto done;
+    }
+    result = PyList_New(st.ncols);
+    for (int i = 0; result && i < st.ncols; i++) {
+        const Stat *c = &st.cols[i];
+        const rt_key *k = &st.names.keys[i];
+        PyObject *t = new_struct(InspectedColumnType, "(y#iiLLLL)", (const char *)k->name, (Py_ssize_t)k->len,
+                                 c->section, c->kind, (long long)c->present, (long long)c->min_count,
+                                 (long long)c->max_count, (long long)c->kind_record);
+        if (!t) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, i, t);
+    }
+done:
+    rt_inspect_free(&st);
+    spans_release(&s);
+    return result;
+}
+
+static PyObject *py_byte_array(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *b, *p, *l;
+    if (!PyArg_ParseTuple(args, "OOO", &b, &p, &l)) return NULL;
+    Spans s;
+    if (spans_get(b, p, l, &s)) return NULL;
+    Buf off = {0}, data = {0};
+    rt_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = rt_byte_array(s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec, &off, &data);
+    Py_END_ALLOW_THREADS
+    spans_release(&s);
+    if (st != RT_OK) {
+        free(off.p);
+        free(data.p);
+        return raise_status(st);
+    }
+    PyObject *result = new_struct(ByteArrayType, "(NN)", buf_to_py(&off), buf_to_py(&data));
+    free(off.p); /* still set only if buf_to_py failed */
+    free(data.p);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* encode                                                                                      */
+
+/* Borrows attribute name's memory for m (None: absent), keeping the view in v for release. */
+static int attr_buffer(PyObject *o, const char *name, Py_buffer *v, Mem *m, int *has) {
+    *has = 0;
+    PyObject *b = PyObject_GetAttrString(o, name);
+    if (!b) return -1;
+    int rc = 0;
+    if (b != Py_None) {
+        rc = PyObject_GetBuffer(b, v, PyBUF_SIMPLE);
+        if (rc == 0) {
+            *m = (Mem){v->buf, (size_t)v->len};
+            *has = 1;
+        }
+    }
+    Py_DECREF(b);
+    return rc < 0 ? -1 : 0;
+}
+
+static PyObject *py_encode(PyObject *Py_UNUSED(self), PyObject *args) {
+    int rtype;
+    long long nrows;
+    PyObject *spec;
+    if (!PyArg_ParseTuple(args, "iLO", &rtype, &nrows, &spec)) return NULL;
+    if (nrows < 0 || rtype < R_EXAMPLE || rtype > R_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    ECol *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(ECol));
+    Py_buffer(*views)[5] = calloc((size_t)(ncols ? ncols : 1), sizeof(*views)); /* valid, rowoff, inner, vals, data */
+    PyObject *result = NULL, *names = PyList_New(ncols); /* names keeps the columns' names alive */
+    Buf out = {0}, offs = {0};
+    if (!cols || !views || !names || ncols > INT_MAX) {
+        if (names) raise_status(ncols > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        ECol *c = &cols[i];
+        Py_buffer *v = views[i];
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        long long voff;
+        if (!name) goto done;
+        PyList_SET_ITEM(names, i, name);
+        c->key = (const uint8_t *)PyBytes_AS_STRING(name);
+        c->key_len = (size_t)PyBytes_GET_SIZE(name);
+        if (attr_int(col, "kind", &c->kind) || attr_int(col, "shape", &c->shape) ||
+            attr_ll(col, "validity_offset", &voff) || attr_buffer(col, "validity", &v[0], &c->valid, &c->has_valid) ||
+            attr_buffer(col, "row_offsets", &v[1], &c->rowoff, &c->has_rowoff) ||
+            attr_buffer(col, "inner_offsets", &v[2], &c->inner, &c->has_inner) ||
+            attr_buffer(col, "values", &v[3], &c->vals, &c->has_vals) ||
+            attr_buffer(col, "data", &v[4], &c->data, &c->has_data))
+            goto done;
+        c->valid_off = voff;
+        if (rt_encode_prepare(c, rtype, ncols) != RT_OK) {
+            PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", name);
+            goto done;
+        }
+    }
+    rt_status st;
+    int bad_col;
+    Py_BEGIN_ALLOW_THREADS
+    st = rt_encode(cols, (int)ncols, rtype, nrows, &out, &offs, &bad_col);
+    Py_END_ALLOW_THREADS
+    if (st != RT_OK) {
+        if (bad_col >= 0)
+            PyErr_Format(PyExc_ValueError, "column %R: %s", PyList_GET_ITEM(names, bad_col), rt_status_message(st));
+        else
+            raise_status(st);
+        goto done;
+    }
+    result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
+done:
+    for (Py_ssize_t i = 0; i < ncols && views; i++)
+        for (int k = 0; k < 5; k++)
+            if (views[i][k].obj) PyBuffer_Release(&views[i][k]);
+    free(cols);
+    free(views);
+    free(out.p);
+    free(offs.p);
+    Py_XDECREF(names);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The module: functions, result types, and the constants Python mirrors as IntEnums          */
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))py_scan, METH_VARARGS | METH_KEYWORDS,
+     "scan(buffer, verify=True, final=True, skip=False, limit=-1, resync=False) -> ScanResult"},
+    {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int"},
+    {"decode", py_decode, METH_VARARGS,
+     "decode(buffer, positions, lengths, record_type, columns) -> list[DecodedColumn]\n"
+     "columns: objects with name, kind, shape, fixed_size, section (a DecodeSpec)."},
+    {"inspect", py_inspect, METH_VARARGS, "inspect(buffer, positions, lengths, record_type) -> list[InspectedColumn]"},
+    {"byte_array", py_byte_array, METH_VARARGS, "byte_array(buffer, positions, lengths) -> ByteArray"},
+    {"encode", py_encode, METH_VARARGS,
+     "encode(record_type, nrows, columns) -> Encoded\n"
+     "columns: objects with name, kind, shape, validity, validity_offset, row_offsets, inner_offsets, values, data\n"
+     "(an EncodeColumn); offsets are int64 arrays."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_native", .m_doc = "Native TFRecord codec core.", .m_size = -1, .m_methods = methods};
+
+typedef struct {
+    const char *name;
+    long value;
+} Named;
+
+static int add_names(PyObject *m, const char *attr, const Named *names, size_t n) {
+    PyObject *d = PyDict_New();
+    int rc = d ? 0 : -1;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        PyObject *v = PyLong_FromLong(names[i].value);
+        rc = v ? PyDict_SetItemString(d, names[i].name, v) : -1;
+        Py_XDECREF(v);
+    }
+    if (rc == 0) rc = PyModule_AddObjectRef(m, attr, d);
+    Py_XDECREF(d);
+    return rc;
+}
+
+static int add_constants(PyObject *m) {
+    static const Named status[] = {
+#define RT_STATUS_NAMED(name, message) {#name, RT_##name},
+        RT_STATUS_LIST(RT_STATUS_NAMED)
+#undef RT_STATUS_NAMED
+    };
+    static const Named kinds[] = {{"NONE", K_NONE}, {"BYTES", K_BYTES}, {"FLOAT", K_FLOAT}, {"INT64", K_INT64},
+                                  {"NULL", K_NULL}};
+    static const Named shapes[] = {{"SCALAR", S_SCALAR}, {"LIST", S_LIST}, {"FIXED", S_FIXED}, {"SEQUENCE", S_SEQ}};
+    static const Named record_types[] = {{"EXAMPLE", R_EXAMPLE}, {"SEQUENCE_EXAMPLE", R_SEQUENCE},
+                                         {"BYTE_ARRAY", R_BYTES}};
+    static const Named sections[] = {{"CONTEXT", SECTION_CONTEXT}, {"FEATURE_LISTS", SECTION_FEATURE_LISTS}};
+#define N(a) (sizeof(a) / sizeof(a[0]))
+    return add_names(m, "STATUS", status, N(status)) || add_names(m, "KINDS", kinds, N(kinds)) ||
+                   add_names(m, "SHAPES", shapes, N(shapes)) ||
+                   add_names(m, "RECORD_TYPES", record_types, N(record_types)) ||
+                   add_names(m, "SECTIONS", sections, N(sections))
+               ? -1
+               : 0;
+#undef N
+}
+
+static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *desc) {
+    *type = PyStructSequence_NewType(desc);
+    if (!*type) return -1;
+    const char *dot = strrchr(desc->name, '.');
+    return PyModule_AddObjectRef(m, dot + 1, (PyObject *)*type);
+}
+
+PyMODINIT_FUNC PyInit__native(void) {
+    rt_crc_init();
+    if (PyType_Ready(&NativeBufferType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    CodecError = PyErr_NewException("ray_tfrecord._native.CodecError", PyExc_ValueError, NULL);
+    if (!CodecError || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
+        PyModule_AddObjectRef(m, "Buffer", (PyObject *)&NativeBufferType) < 0 ||
+        add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
+        add_type(m, &DecodedColumnType, &decoded_desc) || add_type(m, &InspectedColumnType, &inspected_desc) ||
+        add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
+        add_constants(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,372 @@
+/*
+ * Protobuf wire reading for Example / SequenceExample, shared by decode (which stores values) and
+ * inspect (which counts them). Header-only so that both keep their hot loops in one translation
+ * unit; every length is checked against the bytes that remain before it is used.
+ */
+#ifndef RT_WIRE_H
+#define RT_WIRE_H
+
+#include "common.h"
+
+/* The record being read, and where reading it failed. */
+typedef struct {
+    const uint8_t *rec; /* start of the current record's payload, for error offsets */
+    int64_t record;
+    rt_error err;
+} Ctx;
+
+static RT_MAYBE_UNUSED int fail_at(Ctx *c, rt_status status, const uint8_t *at, int col) {
+    c->err.status = status;
+    c->err.record = c->record;
+    c->err.col = col;
+    c->err.offset = at ? (int64_t)(at - c->rec) : -1;
+    return -1;
+}
+
+/* Returns 0 and advances *pp, or -1 on a varint that runs past end or beyond 10 bytes. */
+static inline int rd_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
+    const uint8_t *p = *pp;
+    if (p < end && *p < 0x80) {
+        *out = *p;
+        *pp = p + 1;
+        return 0;
+    }
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (p >= end) return -1;
+        uint8_t b = *p++;
+        if (shift == 63 && b > 1) return -1;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            *pp = p;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Reads a field header and, for length-delimited fields, checks the length against end. */
+static inline int rd_field(Ctx *c, const uint8_t **pp, const uint8_t *end, uint32_t *field, int *wt,
+                           const uint8_t **vstart, const uint8_t **vend, int col) {
+    const uint8_t *at = *pp;
+    uint64_t tag, len;
+    *field = 0;
+    *wt = -1;
+    *vstart = *vend = at;
+    if (rd_varint(pp, end, &tag)) return fail_at(c, RT_MALFORMED_TAG, at, col);
+    *field = (uint32_t)(tag >> 3);
+    *wt = (int)(tag & 7);
+    if (*field == 0 || tag > 0xFFFFFFFFu) return fail_at(c, RT_MALFORMED_FIELD_NUMBER, at, col);
+    const uint8_t *p = *pp;
+    switch (*wt) {
+    case 0:
+        *vstart = p;
+        if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_VARINT, at, col);
+        break;
+    case 1:
+        if (end - p < 8) return fail_at(c, RT_MALFORMED_FIXED64, at, col);
+        *vstart = p;
+        p += 8;
+        break;
+    case 5:
+        if (end - p < 4) return fail_at(c, RT_MALFORMED_FIXED32, at, col);
+        *vstart = p;
+        p += 4;
+        break;
+    case 2:
+        if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_LENGTH, at, col);
+        if (len > (uint64_t)(end - p)) return fail_at(c, RT_MALFORMED_OVERRUN, at, col);
+        *vstart = p;
+        p += len;
+        break;
+    default:
+        return fail_at(c, RT_MALFORMED_WIRE_TYPE, at, col);
+    }
+    *vend = p;
+    *pp = p;
+    return 0;
+}
+
+/* The common case of rd_field: the expected length-delimited tag with a 1- or 2-byte length.
+ * Returns 1 and advances on a match; 0 (nothing consumed) sends the caller to rd_field. */
+static inline int ld_fast(const uint8_t **pp, const uint8_t *end, uint8_t tag, const uint8_t **vs, const uint8_t **ve) {
+    const uint8_t *p = *pp;
+    if (end - p < 3 || p[0] != tag) return 0;
+    size_t len = p[1], hdr = 2;
+    if (len & 0x80) {
+        if (p[2] & 0x80) return 0;
+        len = (len & 0x7F) | ((size_t)p[2] << 7);
+        hdr = 3;
+    }
+    if (len > (size_t)(end - p) - hdr) return 0;
+    *vs = p + hdr;
+    *ve = p + hdr + len;
+    *pp = *ve;
+    return 1;
+}
+
+/* Decodes the varints of [p, end) into out (counting only when out is NULL). A byte-at-a-time
+ * loop mispredicts on every other value of random small data (pixels, ids) and chains each load
+ * on the previous length; instead one 8-byte load yields every varint that ends inside it (its
+ * terminators are the bytes with the high bit clear), so the chain is per word, not per value. */
+static inline uint64_t compact7(uint64_t x) {
+    x &= 0x7F7F7F7F7F7F7F7FULL;
+    x = ((x & 0x7F007F007F007F00ULL) >> 1) | (x & 0x007F007F007F007FULL);
+    x = ((x & 0x3FFF00003FFF0000ULL) >> 2) | (x & 0x00003FFF00003FFFULL);
+    return ((x & 0x0FFFFFFF00000000ULL) >> 4) | (x & 0x000000000FFFFFFFULL);
+}
+
+static RT_MAYBE_UNUSED int packed_varints(const uint8_t *p, const uint8_t *end, int64_t *out, int64_t *count) {
+    int64_t k = 0;
+    while (p < end) {
+        if (end - p >= 8) {
+            uint64_t w = rd64(p);
+            uint64_t m = ~w & 0x8080808080808080ULL;
+            if (m) {
+                int start = 0;
+                do {
+                    int last = __builtin_ctzll(m) >> 3, nbytes = last - start + 1;
+                    uint64_t x = w >> (8 * start);
+                    if (nbytes < 8) x &= (1ULL << (8 * nbytes)) - 1;
+                    if (out) out[k] = (int64_t)compact7(x);
+                    k++;
+                    start = last + 1;
+                    m &= m - 1;
+                } while (m);
+                p += start;
+                continue;
+            }
+            /* 9 or 10 bytes: a negative int64, or one of 2^56 and up */
+            if (end - p >= 10 && (!(p[8] & 0x80) || (p[8] & 0x80 && p[9] <= 1))) {
+                uint64_t v = compact7(w) | ((uint64_t)(p[8] & 0x7F) << 56);
+                if (p[8] & 0x80) v |= (uint64_t)p[9] << 63;
+                if (out) out[k] = (int64_t)v;
+                k++;
+                p += (p[8] & 0x80) ? 10 : 9;
+                continue;
+            }
+        }
+        uint64_t v;
+        if (rd_varint(&p, end, &v)) return -1;
+        if (out) out[k] = (int64_t)v;
+        k++;
+    }
+    *count = k;
+    return 0;
+}
+
+/* Determines a Feature's kind the way protobuf's oneof does (a later member replaces an earlier
+ * one, a repeat of the same member merges into it) and where the surviving run of fields begins. */
+static RT_MAYBE_UNUSED int feature_kind(Ctx *c, const uint8_t *p, const uint8_t *end, int col, int *kind, const uint8_t **run) {
+    *kind = K_NONE;
+    *run = p;
+    while (p < end) {
+        const uint8_t *at = p, *vs, *ve;
+        uint32_t f;
+        int wt;
+        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, col)) return -1;
+        if (wt == 2 && f >= 1 && f <= 3) {
+            int k = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+            if (k != *kind) {
+                *kind = k;
+                *run = at;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Appends (when store) or counts the values of one list message of the given kind: int64 and
+ * float values to vals, bytes values to data with their end offsets (int32) to vals. */
+static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int kind, const uint8_t *p, const uint8_t *end,
+                                       int store, int64_t *count) {
+    while (p < end) {
+        const uint8_t *vs, *ve, *at = p;
+        uint32_t f = 1;
+        int wt = 2;
+        if (!ld_fast(&p, end, 0x0A, &vs, &ve)) {
+            if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
+            if (f != 1) continue;
+        }
+        if (kind == K_INT64) {
+            if (wt == 2) {
+                if (store && buf_reserve(vals, (size_t)(ve - vs) * 8)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
+                int64_t *out = store ? (int64_t *)(vals->p + vals->len) : NULL;
+                int64_t k = 0;
+                if (packed_varints(vs, ve, out, &k)) return fail_at(c, RT_MALFORMED_PACKED_INT64, vs, ci);
+                if (store) vals->len += (size_t)k * 8;
+                *count += k;
+            } else if (wt == 0) {
+                uint64_t v = 0;
+                const uint8_t *q = vs;
+                rd_varint(&q, ve, &v);
+                if (store) {
+                    if (buf_reserve(vals, 8)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
+                    int64_t sv = (int64_t)v;
+                    memcpy(vals->p + vals->len, &sv, 8);
+                    vals->len += 8;
+                }
+                *count += 1;
+            }
+        } else if (kind == K_FLOAT) {
+            if (wt == 2) {
+                size_t nb = (size_t)(ve - vs);
+                if (nb % 4) return fail_at(c, RT_MALFORMED_PACKED_FLOAT, at, ci);
+                if (store) {
+                    if (buf_reserve(vals, nb)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
+                    memcpy(vals->p + vals->len, vs, nb);
+                    vals->len += nb;
+                }
+                *count += (int64_t)(nb / 4);
+            } else if (wt == 5) {
+                if (store) {
+                    if (buf_reserve(vals, 4)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
+                    memcpy(vals->p + vals->len, vs, 4);
+                    vals->len += 4;
+                }
+                *count += 1;
+            }
+        } else if (wt == 2) { /* bytes */
+            if (store) {
+                size_t nb = (size_t)(ve - vs);
+                if (data->len + nb > INT32_MAX) return fail_at(c, RT_BYTES_TOO_LARGE, at, ci);
+                if (buf_reserve(data, nb) || buf_reserve(vals, 4)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
+                memcpy(data->p + data->len, vs, nb);
+                data->len += nb;
+                int32_t off = (int32_t)data->len;
+                memcpy(vals->p + vals->len, &off, 4);
+                vals->len += 4;
+            }
+            *count += 1;
+        }
+    }
+    return 0;
+}
+
+/* A Feature message: its kind (K_NONE: none set), and either its only list (the usual Feature,
+ * a single kind field) or the run of fields from which the surviving kind's lists are read. */
+typedef struct {
+    int kind;
+    const uint8_t *run, *only, *only_end;
+} Feature;
+
+static inline int feature_parse(Ctx *c, const uint8_t *p, const uint8_t *end, int ci, Feature *ft) {
+    const uint8_t *q = p, *vs, *ve;
+    uint32_t f;
+    int wt;
+    ft->only = ft->only_end = NULL;
+    if (end - p >= 3 && p[0] >= 0x0A && p[0] <= 0x1A && (p[0] & 7) == 2 && ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
+        ft->kind = p[0] == 0x0A ? K_BYTES : p[0] == 0x12 ? K_FLOAT : K_INT64;
+        ft->run = p;
+        ft->only = vs;
+        ft->only_end = ve;
+    } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == 2 && f >= 1 && f <= 3) {
+        ft->kind = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+        ft->run = p;
+        ft->only = vs;
+        ft->only_end = ve;
+    } else if (feature_kind(c, p, end, ci, &ft->kind, &ft->run)) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The values of a parsed Feature (ending at end) through list_values; *count: how many. */
+static inline int feature_collect(Ctx *c, const Feature *ft, const uint8_t *end, Buf *vals, Buf *data, int ci, int store,
+                                  int64_t *count) {
+    if (ft->only) return list_values(c, vals, data, ci, ft->kind, ft->only, ft->only_end, store, count);
+    const uint8_t *q = ft->run;
+    while (q < end) {
+        const uint8_t *vs, *ve;
+        uint32_t f;
+        int wt;
+        rd_field(c, &q, end, &f, &wt, &vs, &ve, ci); /* validated by feature_kind */
+        if (wt == 2 && (int)f == (ft->kind == K_BYTES ? 1 : ft->kind == K_FLOAT ? 2 : 3))
+            if (list_values(c, vals, data, ci, ft->kind, vs, ve, store, count)) return -1;
+    }
+    return 0;
+}
+
+/* One entry (key = 1, value = 2) of a Features or FeatureLists map. */
+typedef struct {
+    const uint8_t *at; /* the entry's body, for error offsets */
+    const uint8_t *key, *val, *val_end; /* val: NULL when the entry has no value */
+    size_t key_len;
+} MapEntry;
+
+/* The next entry of the map [*pp, end): 1 and the entry, 0 at the map's end, -1 when malformed. */
+static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapEntry *e) {
+    const uint8_t *p = *pp, *vs, *ve;
+    uint32_t f;
+    int wt;
+    for (;;) {
+        if (p >= end) return 0;
+        if (ld_fast(&p, end, 0x0A, &vs, &ve)) break;
+        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, -1)) return -1;
+        if (f == 1 && wt == 2) break;
+    }
+    *pp = p;
+    const uint8_t *key = vs, *val = NULL, *val_end = NULL, *q = vs;
+    size_t key_len = 0;
+    {
+        const uint8_t *ks, *ke;
+        /* the usual entry: key then value, nothing else */
+        if (ld_fast(&q, ve, 0x0A, &ks, &ke)) {
+            key = ks;
+            key_len = (size_t)(ke - ks);
+            if (ld_fast(&q, ve, 0x12, &val, &val_end) && q != ve) val = NULL;
+        }
+        if (q != ve) {
+            q = vs;
+            key = vs;
+            key_len = 0;
+            val = val_end = NULL;
+        }
+    }
+    while (q < ve) {
+        const uint8_t *s, *e2;
+        if (rd_field(c, &q, ve, &f, &wt, &s, &e2, -1)) return -1;
+        if (wt != 2) continue;
+        if (f == 1) {
+            key = s;
+            key_len = (size_t)(e2 - s);
+        } else if (f == 2) {
+            val = s;
+            val_end = e2;
+        }
+    }
+    *e = (MapEntry){vs, key, val, val_end, key_len};
+    return 1;
+}
+
+/* Starts record r of a call: checks that its span lies inside buf[0, n) and sets [*p, *end) to
+ * its payload. */
+static inline int record_begin(Ctx *c, const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t r,
+                               const uint8_t **p, const uint8_t **end) {
+    c->record = r;
+    if (!rt_span_ok(n, pos[r], lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
+    *p = buf + pos[r] + 12;
+    *end = *p + lens[r];
+    c->rec = *p;
+    return 0;
+}
+
+/* The next map of a record's payload: Features (section 0) and, in a SequenceExample,
+ * FeatureLists (section 1). 1 and the map's bytes, 0 at the payload's end, -1 when malformed. */
+static inline int record_map(Ctx *c, const uint8_t **pp, const uint8_t *end, int rtype, const uint8_t **vs,
+                             const uint8_t **ve, int *section) {
+    while (*pp < end) {
+        uint32_t f;
+        int wt;
+        if (rd_field(c, pp, end, &f, &wt, vs, ve, -1)) return -1;
+        if (wt != 2) continue;
+        if (f == 1 || (f == 2 && rtype == R_SEQUENCE)) {
+            *section = f == 1 ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#endif
