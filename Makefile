@@ -22,7 +22,8 @@ bench: $(STAMP)
 
 # The lowest supported versions (.ci/lowest-constraints.txt) in a second venv, and the Ray- and
 # TF-facing tests under them. The editable install rebuilds ray_tfrecord/_native*.so in place; with
-# the same python3.11 that is the same file .venv builds.
+# the same python3.11 that is the same file .venv builds. The pins go in with -r, not -c: as
+# constraints, pip 26 backtracks for many minutes through opentelemetry releases before settling.
 LOWEST_VENV := .venv-lowest
 LOWEST_BIN := $(LOWEST_VENV)/bin
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
@@ -34,7 +35,7 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 $(LOWEST_STAMP): pyproject.toml setup.py ray_tfrecord/_native.c $(LOWEST_CONSTRAINTS)
 	test -x $(LOWEST_BIN)/python || $(PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
-	$(LOWEST_BIN)/pip install -q -c $(LOWEST_CONSTRAINTS) -e '.[test]'
+	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -e '.[test]'
 	touch $(LOWEST_STAMP)
 
 test-lowest: $(LOWEST_STAMP)
