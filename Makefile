@@ -32,7 +32,7 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_datasource.py tests/test_datasink.py tests/test_faults.py tests/test_index.py \
 	tests/test_cli.py tests/test_feed.py tests/test_inference.py tests/test_train.py
 
-$(LOWEST_STAMP): pyproject.toml setup.py ray_tfrecord/_native.c $(LOWEST_CONSTRAINTS)
+$(LOWEST_STAMP): pyproject.toml setup.py $(wildcard ray_tfrecord/native/*.[ch]) $(LOWEST_CONSTRAINTS)
 	test -x $(LOWEST_BIN)/python || $(PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
 	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -e '.[test]'
