@@ -1,29 +1,36 @@
-PY ?= python3.11
+# Any python >= 3.11: the first of these that is one, unless PY=... names it.
+PY ?= $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+NATIVE := $(wildcard ray_tfrecord/native/*.[ch])
 
 .PHONY: demo test bench clean test-lowest clean-lowest
 
-$(STAMP): pyproject.toml setup.py $(wildcard ray_tfrecord/native/*.[ch])
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+$(BIN)/python:
+	@test -n "$(PY)" || { echo "make: no python >= 3.11 found; install one or name it: make PY=/path/to/python3.12" >&2; exit 1; }
+	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+# One stamp per extra: the demo installs only what it needs (.[demo]); the tests add the rest (.[dev]).
+$(VENV)/.installed-%: pyproject.toml setup.py $(NATIVE) | $(BIN)/python
+	$(BIN)/pip install -q -e '.[$*]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/python train_examples/digits.py
 
-test: $(STAMP)
+test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench
 
 # The lowest supported versions (.ci/lowest-constraints.txt) in a second venv, and the Ray- and
 # TF-facing tests under them. The editable install rebuilds ray_tfrecord/_native*.so in place; with
 # the same python3.11 that is the same file .venv builds. The pins go in with -r, not -c: as
 # constraints, pip 26 backtracks for many minutes through opentelemetry releases before settling.
+# TensorFlow 2.18, the lowest, has wheels for python 3.9-3.12 only.
+LOWEST_PY ?= $(firstword $(foreach p,python3.11 python3.12,$(shell command -v $(p))))
 LOWEST_VENV := .venv-lowest
 LOWEST_BIN := $(LOWEST_VENV)/bin
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
@@ -32,8 +39,8 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_datasource.py tests/test_datasink.py tests/test_faults.py tests/test_index.py \
 	tests/test_cli.py tests/test_feed.py tests/test_inference.py tests/test_train.py
 
-$(LOWEST_STAMP): pyproject.toml setup.py $(wildcard ray_tfrecord/native/*.[ch]) $(LOWEST_CONSTRAINTS)
-	test -x $(LOWEST_BIN)/python || $(PY) -m venv $(LOWEST_VENV)
+$(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
+	test -x $(LOWEST_BIN)/python || $(LOWEST_PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
 	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -e '.[test]'
 	touch $(LOWEST_STAMP)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
 LOWEST = REPO / ".ci" / "lowest-constraints.txt"
 # The dependencies whose versions the package is tested at both ends of; each needs both bounds.
-BOUNDED = ["ray", "pyarrow", "numpy", "tensorflow", "tf-keras"]
+BOUNDED = ["ray", "pyarrow", "numpy", "tqdm", "tensorflow", "tf-keras"]
 # Installed only with the tf extra; the rest are always installed.
 OPTIONAL = {"tensorflow", "tf-keras"}
 
@@ -73,7 +73,7 @@ def test_declared_with_lower_and_upper_bounds(name):
 def test_runtime_dependencies_are_what_the_package_imports():
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     runtime = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
-    assert runtime == {"ray", "pyarrow", "numpy"}
+    assert runtime == {"ray", "pyarrow", "numpy", "tqdm"}
 
 
 @pytest.mark.parametrize("name", BOUNDED)
