@@ -58,6 +58,8 @@ from ray.data import Dataset
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
+from ray_tfrecord.feed import _warn_constant_length_lists
+
 __all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
 
 #: Environment every training worker needs before it imports TensorFlow.
@@ -93,7 +95,9 @@ def tensorflow_trainer(
     Every dataset is split across the workers with
     ``streaming_split(num_workers, equal=True)``, so each worker's shard has the
     same row count and :func:`ray_tfrecord.feed.tf_dataset` gives every rank the
-    same number of batches.  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
+    same number of batches.  A numeric ``list<T>`` column whose sampled rows
+    all hold the same count gets a warning naming how to read it as a dense
+    tensor (Keras ``Dense`` refuses the ragged one).  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
     ``env_vars``) through their runtime environment.
 
     Args:
@@ -124,6 +128,8 @@ def tensorflow_trainer(
     """
     if datasets:
         _check_cpus_left_for_reads(num_workers, cpus_per_worker)
+    for ds in datasets.values():
+        _warn_constant_length_lists(ds)
     return TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config=dict(train_loop_config or {}),
