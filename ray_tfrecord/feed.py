@@ -29,7 +29,10 @@ global-batch convention: it splits every element of the dataset into
 ``batch_size = per_replica_batch * world_size`` (what TensorFlow calls the
 global batch size): each worker then takes that many rows from its own shard
 per element and every replica trains on ``per_replica_batch`` rows per step.
-The split is the same on every rank, so step counts stay equal.
+The split is the same on every rank, so step counts stay equal: Keras runs,
+and prints, ``world_size * ((N // world_size) // batch_size)`` steps per
+epoch (1000 rows, 2 workers, ``batch_size=100``: ``10/10``), not the
+``(N // world_size) // batch_size`` batches the feed yields.
 
 Example::
 
