@@ -97,7 +97,10 @@ def tensorflow_trainer(
     same row count and :func:`ray_tfrecord.feed.tf_dataset` gives every rank the
     same number of batches.  A numeric ``list<T>`` column whose sampled rows
     all hold the same count gets a warning naming how to read it as a dense
-    tensor (Keras ``Dense`` refuses the ragged one).  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
+    tensor (Keras ``Dense`` refuses the ragged one); the sample runs the
+    pipeline up to its first rows on the driver (only datasets with such
+    columns).  Ray is started if it is not running yet, to size the
+    workers against the cluster's CPUs.  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
     ``env_vars``) through their runtime environment.
 
     Args:
