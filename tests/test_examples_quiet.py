@@ -37,6 +37,7 @@ def _run(extra_env: dict[str, str]) -> str:
     return run.stdout + run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_banners_hidden_unless_asked_for():
     quiet = _run({})
