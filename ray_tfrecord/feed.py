@@ -29,7 +29,10 @@ global-batch convention: it splits every element of the dataset into
 ``batch_size = per_replica_batch * world_size`` (what TensorFlow calls the
 global batch size): each worker then takes that many rows from its own shard
 per element and every replica trains on ``per_replica_batch`` rows per step.
-The split is the same on every rank, so step counts stay equal.
+The split is the same on every rank, so step counts stay equal: Keras runs,
+and prints, ``world_size * ((N // world_size) // batch_size)`` steps per
+epoch (1000 rows, 2 workers, ``batch_size=100``: ``10/10``), not the
+``(N // world_size) // batch_size`` batches the feed yields.
 
 Example::
 
@@ -52,6 +55,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +76,12 @@ __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 _FETCH_ROWS = 4096
 _FETCH_BYTES = 16 << 20
 _VAR_BYTES = 64
+
+# Rows sampled by _warn_constant_length_lists.
+_SAMPLE_ROWS = 1024
+
+# The pyarrow constructor of each numeric type whose name differs from str(type).
+_CONSTRUCTORS = {pa.float16(): "float16", pa.float32(): "float32", pa.float64(): "float64", pa.bool_(): "bool_"}
 
 _NUMERIC_DTYPES: dict[pa.DataType, tf.DType] = {
     pa.bool_(): tf.bool,
@@ -450,6 +460,50 @@ def _column_plans(source: DataIterator, columns: list[str]) -> dict[str, _Plan]:
     return {c: _plan(schema.field(c).type, c) for c in wanted}
 
 
+def _warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = None) -> list[str]:
+    """Warn about numeric ``list<T>`` columns whose sampled rows all hold the same count.
+
+    Such a column (what ``read_tfrecords`` infers for a fixed-length TFRecord
+    feature unless ``fixed_size_lists=True``) becomes a ``tf.RaggedTensor``,
+    which Keras ``Dense`` and most layers refuse, only once Keras traces the
+    model.  The warning comes before that and names the read option or type
+    that gives a dense tensor instead.  Samples the first rows of ``ds``;
+    returns the columns warned about.
+    """
+    schema = ds.schema(fetch_if_missing=True)
+    if schema is None:
+        return []
+    schema = schema if isinstance(schema, pa.Schema) else schema.base_schema
+    candidates = [
+        f
+        for f in schema
+        if (columns is None or f.name in columns) and _is_var_list(f.type) and f.type.value_type in _NUMERIC_DTYPES
+    ]
+    if not candidates:
+        return []
+    sample = ds.select_columns([f.name for f in candidates]).take_batch(_SAMPLE_ROWS, batch_format="pyarrow")
+    warned = []
+    for field in candidates:
+        column = _single_chunk(sample.column(field.name))
+        if len(column) < 2 or column.null_count:
+            continue
+        lengths = np.diff(_list_children(column)[1])
+        if lengths[0] == 0 or not (lengths == lengths[0]).all():
+            continue
+        n = int(lengths[0])
+        value = field.type.value_type
+        warnings.warn(
+            f"column {field.name!r} is {field.type} with {n} values in every sampled row; the feed makes it a "
+            f"tf.RaggedTensor, which Keras Dense refuses. For a dense (batch, {n}) tensor, read with "
+            f"read_tfrecords(..., fixed_size_lists=True) or give it the type "
+            f"pa.list_(pa.{_CONSTRUCTORS.get(value, str(value))}(), {n}) in schema=",
+            UserWarning,
+            stacklevel=3,
+        )
+        warned.append(field.name)
+    return warned
+
+
 def _world_size() -> int:
     """Workers in this Ray Train run; 1 outside one (driver, Ray task, Tune function).
 
@@ -525,6 +579,8 @@ def tf_dataset(
     feature_names, label_names = _names(features), _names(label)
     if not feature_names:
         raise ValueError("features must name at least one column")
+    if isinstance(source, Dataset):
+        _warn_constant_length_lists(source, feature_names)
     iterator = source.iterator() if isinstance(source, Dataset) else source
     plans = _column_plans(iterator, feature_names + label_names)
     batching = _Batching.fitting(plans.values(), batch_size, local_shuffle_buffer_size)

@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-from ray.data import Dataset, SaveMode
+from ray.data import ActorPoolStrategy, Dataset, SaveMode
 
 from ray_tfrecord import options
 
@@ -146,7 +146,7 @@ def predict(
         batch_size=batch_size,
         batch_format="pyarrow",
         zero_copy_batch=True,
-        concurrency=concurrency,
+        compute=ActorPoolStrategy(size=concurrency),
         num_cpus=num_cpus,
         num_gpus=num_gpus,
     )

@@ -45,16 +45,20 @@ Example (run with ``python example.py``)::
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ray
 import ray.train
 import tf_keras
 from ray.data import Dataset
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
+
+from ray_tfrecord.feed import _warn_constant_length_lists
 
 __all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
 
@@ -63,6 +67,10 @@ WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}
 
 #: The whole Keras model inside a checkpoint written by :class:`ReportCheckpoint`.
 MODEL_FILE = "model.keras"
+
+# CPUs the cluster must keep free of training workers for the datasets' read
+# tasks: what one Ray Data read task asks for by default.
+_READ_CPUS = 1.0
 
 _WEIGHTS = "weights"
 _STATE = "state.json"
@@ -87,7 +95,12 @@ def tensorflow_trainer(
     Every dataset is split across the workers with
     ``streaming_split(num_workers, equal=True)``, so each worker's shard has the
     same row count and :func:`ray_tfrecord.feed.tf_dataset` gives every rank the
-    same number of batches.  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
+    same number of batches.  A numeric ``list<T>`` column whose sampled rows
+    all hold the same count gets a warning naming how to read it as a dense
+    tensor (Keras ``Dense`` refuses the ragged one); the sample runs the
+    pipeline up to its first rows on the driver (only datasets with such
+    columns).  Ray is started if it is not running yet, to size the
+    workers against the cluster's CPUs.  Workers get ``TF_USE_LEGACY_KERAS=1`` (plus
     ``env_vars``) through their runtime environment.
 
     Args:
@@ -108,7 +121,18 @@ def tensorflow_trainer(
         checkpoints_to_keep: Most recent checkpoints kept on storage
             (``None`` keeps all).
         env_vars: Extra environment variables for the workers.
+
+    Raises:
+        ValueError: if the workers would reserve so many of the cluster's CPUs
+            that less than one CPU remains for the datasets' read
+            tasks, which Ray would then never schedule: training would wait
+            at its first step forever.  The message names the
+            ``cpus_per_worker`` that fits.
     """
+    if datasets:
+        _check_cpus_left_for_reads(num_workers, cpus_per_worker)
+    for ds in datasets.values():
+        _warn_constant_length_lists(ds)
     return TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config=dict(train_loop_config or {}),
@@ -126,6 +150,34 @@ def tensorflow_trainer(
             worker_runtime_env={"env_vars": {**WORKER_ENV_VARS, **(env_vars or {})}},
         ),
         datasets=dict(datasets),
+    )
+
+
+def _check_cpus_left_for_reads(num_workers: int, cpus_per_worker: float) -> None:
+    """Refuse a worker reservation that leaves the read tasks no CPU.
+
+    Ray Train places the workers before Ray Data starts reading, and Ray Data's
+    tasks then wait for a CPU that never frees up; the only sign is a warning
+    line from Ray.  Failing here, with the numbers that fit, is better than
+    quietly shrinking the reservation the caller asked for.
+    """
+    if not ray.is_initialized():
+        # What fit() would do anyway; the check needs to know the cluster.
+        ray.init()
+    total = ray.cluster_resources().get("CPU", 0.0)
+    reserved = num_workers * cpus_per_worker
+    if total - reserved >= _READ_CPUS:
+        return
+    fitting = math.floor(100 * (total - _READ_CPUS) / num_workers) / 100
+    fix = (
+        f"pass cpus_per_worker={fitting:g} (leaving {_READ_CPUS:g} CPU for reading) or give Ray more CPUs"
+        if fitting > 0
+        else f"give Ray more CPUs (ray.init(num_cpus={math.ceil(reserved + _READ_CPUS)}) or a larger cluster)"
+    )
+    raise ValueError(
+        f"tensorflow_trainer: num_workers={num_workers} x cpus_per_worker={cpus_per_worker:g} reserves "
+        f"{reserved:g} of the cluster's {total:g} CPUs, leaving the datasets' read tasks less than the "
+        f"{_READ_CPUS:g} CPU they need, so training would wait forever at its first step; {fix}"
     )
 
 

@@ -1,6 +1,7 @@
 """The tf.data feed: specs from Arrow, values against TensorFlow's own parser, equal steps."""
 
 import threading
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -317,3 +318,53 @@ def test_local_shuffle_keeps_every_row_once(ray_local):
     flat = np.concatenate(got)
     assert len(set(flat.tolist())) == 192 and set(flat.tolist()) <= set(range(200))
     assert flat.tolist() != sorted(flat.tolist())
+
+
+def test_constant_length_vector_warns_then_trains_dense_when_read_as_told(ray_local, tmp_path):
+    """A TensorFlow-written fixed-length float feature fed to Keras Dense: the user's steps."""
+    import tf_keras
+
+    import ray_tfrecord
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((64, 8)).astype(np.float32)
+    path = str(tmp_path / "vectors.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for v in vectors:
+            feature = {
+                "embedding": tf.train.Feature(float_list=tf.train.FloatList(value=v)),
+                "label": tf.train.Feature(float_list=tf.train.FloatList(value=[v.sum()])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+    def fit(ds):
+        model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model.fit(tf_dataset(ds, features="embedding", label="label", batch_size=16), verbose=0)
+
+    inferred = ray_tfrecord.read_tfrecords(path)
+    assert inferred.schema().base_schema.field("embedding").type == pa.list_(pa.float32())
+    with pytest.warns(UserWarning) as warned, pytest.raises(ValueError, match="Dense layer"):
+        fit(inferred)
+    hint = (
+        "column 'embedding' is list<item: float> with 8 values in every sampled row; the feed makes it a "
+        "tf.RaggedTensor, which Keras Dense refuses. For a dense (batch, 8) tensor, read with "
+        "read_tfrecords(..., fixed_size_lists=True) or give it the type pa.list_(pa.float32(), 8) in schema="
+    )
+    assert [str(w.message) for w in warned if w.filename == __file__] == [hint]
+
+    # Both fixes the warning names train a dense model.
+    schema = pa.schema([("embedding", pa.list_(pa.float32(), 8)), ("label", pa.float32())])
+    for ds in [ray_tfrecord.read_tfrecords(path, fixed_size_lists=True), ray_tfrecord.read_tfrecords(path, schema=schema)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            history = fit(ds)
+        assert len(history.history["loss"]) == 1 and np.isfinite(history.history["loss"][0])
+
+
+def test_variable_length_lists_do_not_warn(ray_local):
+    table = pa.table({"tokens": pa.array([[1], [2, 3], [], [4, 5, 6]], pa.list_(pa.int64()))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        batch = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=4)))
+    assert batch.to_list() == [[1], [2, 3], [], [4, 5, 6]]

@@ -1,5 +1,8 @@
 """Batch inference: saved models over Ray datasets, one keyed output row per input row."""
 
+import logging
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -117,3 +120,30 @@ def test_inference_writes_one_row_per_input(ray_local, tmp_path, output_format):
 def test_key_columns_are_required(ray_local):
     with pytest.raises(ValueError, match="key_columns"):
         predict(ray.data.range(3), "unused.keras", features="id", key_columns=[])
+
+
+def test_no_deprecation_warnings_from_the_package_under_ray(ray_local, tmp_path):
+    """The user's call, with its actor count, triggers none of Ray's deprecation notices."""
+    model, table = _dense_model(), _table()
+    model.save(tmp_path / "model.keras")
+    notices: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if "deprecated" in record.getMessage():
+                notices.append(record.getMessage())
+
+    handler = Collect()
+    ray_data_logger = logging.getLogger("ray.data")
+    ray_data_logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            inference(ray.data.from_arrow(table), str(tmp_path / "model.keras"), str(tmp_path / "out"),
+                      features="x", key_columns=["id"], output_format="parquet", concurrency=2, num_cpus=0.5)
+    finally:
+        ray_data_logger.removeHandler(handler)
+    assert pq.read_table(tmp_path / "out").num_rows == ROWS
+    ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+            if issubclass(w.category, DeprecationWarning) and "ray_tfrecord" in w.filename]
+    assert ours == [] and notices == []

@@ -198,3 +198,38 @@ def test_killed_worker_resumes_from_checkpoint(ray_local, tmp_path):
     killed_rank = [json.loads(line) for line in (log_dir / "events1.jsonl").read_text().splitlines()]
     assert killed_rank[0]["pid"] == killed[0]
     assert [e["epoch"] for e in killed_rank if e["event"] == "start"] == [0, 2]
+
+
+@pytest.mark.timeout(180)
+def test_reservation_leaving_reads_no_cpu_fails_before_training(ray_local, tmp_path):
+    """The README's old snippet on 2 CPUs (2 workers x 1 CPU) hung at Epoch 1; now it says what to change.
+
+    The timeout bounds the run: if the check regressed, fit() would wait forever for a read CPU.
+    """
+    _write_rows(str(tmp_path / "data"), 64)
+    ds = ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA)
+    assert ray.cluster_resources()["CPU"] == 2
+    with pytest.raises(ValueError) as refused:
+        tensorflow_trainer(
+            _equal_steps_loop,
+            datasets={"train": ds},
+            num_workers=2,
+            cpus_per_worker=1,
+            train_loop_config={"batch_size": 8, "epochs": 1, "log_dir": str(tmp_path)},
+            storage_path=str(tmp_path / "runs"),
+        ).fit()
+    assert str(refused.value) == (
+        "tensorflow_trainer: num_workers=2 x cpus_per_worker=1 reserves 2 of the cluster's 2 CPUs, leaving "
+        "the datasets' read tasks less than the 1 CPU they need, so training would wait forever at its first "
+        "step; pass cpus_per_worker=0.5 (leaving 1 CPU for reading) or give Ray more CPUs"
+    )
+    assert not (tmp_path / "runs").exists(), "nothing may start before the refusal"
+    with pytest.raises(ValueError, match=r"reserves 3 of the cluster.s 2 CPUs.*pass cpus_per_worker=0.33 "):
+        tensorflow_trainer(_equal_steps_loop, datasets={"train": ds}, num_workers=3, cpus_per_worker=1)
+
+
+def test_one_cpu_cluster_is_told_to_grow(ray_local, monkeypatch):
+    # A 1-CPU machine has no cpus_per_worker that leaves a read CPU: the message must not offer one.
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
+    with pytest.raises(ValueError, match=r"; give Ray more CPUs \(ray.init\(num_cpus=2\) or a larger cluster\)$"):
+        tensorflow_trainer(_equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=1)

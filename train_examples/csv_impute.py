@@ -28,6 +28,10 @@ import pyarrow.compute as pc
 import ray
 from sklearn.datasets import load_breast_cancer
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+
+_quiet_tf.install()
+
 import ray_tfrecord
 from ray_tfrecord.train import ReportCheckpoint, restore, tensorflow_trainer
 
@@ -108,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="csv_impute_")
 
-    ray.init()
+    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     csv_path = os.path.join(out, "measurements.csv")
     columns = _write_csv_with_gaps(csv_path)
     raw = ray.data.read_csv(csv_path)

@@ -39,6 +39,10 @@ import ray
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+
+_quiet_tf.install()
+
 import ray_tfrecord
 from ray_tfrecord.inference import inference
 from ray_tfrecord.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
@@ -108,7 +112,7 @@ def main() -> None:
     out = args.out or tempfile.mkdtemp(prefix="digits_")
     started = time.monotonic()
 
-    ray.init()
+    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     digits = load_digits()
     ids = np.arange(len(digits.target))
     x_train, x_test, y_train, y_test, id_train, id_test = train_test_split(

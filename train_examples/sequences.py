@@ -23,6 +23,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+
+_quiet_tf.install()
+
 import ray_tfrecord
 from ray_tfrecord.train import ReportCheckpoint, restore, tensorflow_trainer
 
@@ -95,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="sequences_")
 
-    ray.init()
+    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     for name, rows, seed in [("train", 4000, 0), ("valid", 1000, 1)]:
         ray_tfrecord.write_tfrecords(
             ray.data.from_arrow(_sequences(rows, seed)),

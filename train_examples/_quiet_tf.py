@@ -1,0 +1,78 @@
+"""Keeps TensorFlow's start-up banners (oneDNN, CUDA, CPU features) off the examples' console.
+
+TensorFlow prints them through C++ logging before ``TF_CPP_MIN_LOG_LEVEL`` takes effect, so
+no setting hides them. Instead, file descriptor 2 goes to ``/dev/null`` while TensorFlow is
+first imported and probes its devices: in the example's own process, and, through Ray's
+``worker_process_setup_hook``, in every Ray worker that imports TensorFlow (workers that never
+do pay nothing). Errors still surface: a failed import raises as usual once stderr is back.
+
+To see the banners, set ``TF_CPP_MIN_LOG_LEVEL`` yourself (``0`` shows everything): an explicit
+setting wins and nothing is hidden.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import ray.cloudpickle
+
+_ASKED_FOR = "TF_CPP_MIN_LOG_LEVEL"
+
+
+@contextlib.contextmanager
+def _stderr_dropped() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        with _stderr_dropped():
+            self._loader.exec_module(module)
+            # The CUDA probe logs on first device use, after the import proper.
+            module.config.list_physical_devices()
+
+
+class _QuietFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Hide the banners of this process's first TensorFlow import, unless asked for."""
+    if _ASKED_FOR not in os.environ and "tensorflow" not in sys.modules:
+        sys.meta_path.insert(0, _QuietFinder())
+
+
+def ray_runtime_env() -> dict[str, Any]:
+    """``ray.init(runtime_env=...)`` that runs :func:`install` in every Ray worker."""
+    # The workers cannot import this file by name (train_examples is no package): ship it by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return {"worker_process_setup_hook": install}
