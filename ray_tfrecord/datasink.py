@@ -11,7 +11,8 @@ Example:
 Commit protocol (what a concurrent reader sees):
 
 1. ``on_write_start`` (driver) applies ``mode``; write tasks then write every file,
-   and its index sidecar, under ``<path>/_temporary/<write id>/``. Readers that
+   and its index sidecar (``_index.<relative path>``, see :mod:`ray_tfrecord.index`), under
+   ``<path>/_temporary/<write id>/``. Readers that
    skip ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see
    these files, so a failed or killed write leaves nothing visible (at worst a
    hidden ``_temporary/<write id>/`` directory after a hard kill).
@@ -255,12 +256,12 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             dst = posixpath.join(self._path, f.rel_path)
             _make_dirs(self._fs, posixpath.dirname(dst))
             if f.has_index:
-                self._fs.move(index_path(src), index_path(dst))
+                self._fs.move(index_path(src, self._staging), index_path(dst, self._path))
             self._fs.move(src, dst)
             final_paths.append(dst)
 
         if old:
-            new = set(final_paths) | {index_path(p) for p in final_paths}
+            new = set(final_paths) | {index_path(p, self._path) for p in final_paths}
             for path in old:
                 if path not in new:
                     self._fs.delete_file(path)
@@ -371,6 +372,7 @@ class _PartFile:
         self.rel_path = rel_path
         self.rows = 0
         self._fs = config.filesystem
+        self._staging = config.staging
         self._path = posixpath.join(config.staging, rel_path)
         _make_dirs(self._fs, posixpath.dirname(self._path))
         # compression=None: pyarrow would otherwise gzip a ".gz" name a second time.
@@ -393,7 +395,7 @@ class _PartFile:
         size = self.bytes
         self._writer.close()
         if self._index is not None:
-            write_index(self._fs, self._path, self._index.finish(size))
+            write_index(self._fs, self._path, self._index.finish(size), root=self._staging)
         return _StagedFile(self.rel_path, self.rows, size, self._index is not None)
 
 

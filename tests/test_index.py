@@ -96,7 +96,7 @@ def test_writer_index_equals_scanned_index_and_detects_changes(tmp_path):
     assert scanned.to_bytes() == written.to_bytes()
     assert written.num_records == 200 and len(written.offsets) > 10
     write_index(fs, path, written)
-    assert is_index_path(index_path(path)) and index_path(path).endswith("/.w.tfrecord.idx")
+    assert is_index_path(index_path(path)) and index_path(path).endswith("/_index.w%2Etfrecord")
     assert load_index(fs, path, size, *read_fingerprint(fs, path, size)) is not None
 
     # Same size, different content at the end: stale.
