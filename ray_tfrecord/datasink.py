@@ -53,7 +53,8 @@ from ray_tfrecord.codec import RecordType, check_encodable, encode
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
 from ray_tfrecord.partitioning import split_by_partitions
-from ray_tfrecord.schema import SCHEMA_FILE, read_stored_schema, stored_schema
+from ray_tfrecord.errors import SchemaError
+from ray_tfrecord.schema import SCHEMA_FILE, merge_recorded, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self._started = False
         self._skip = False
         self._created_root = False
+        # The schema recorded by the dataset this write appends to: appended rows must agree.
+        self._recorded: Optional[pa.Schema] = None
         self.result: Optional[TFRecordWriteResult] = None
 
     # -- driver side ------------------------------------------------------------------
@@ -209,6 +212,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         ``True`` (write nothing) for ``ignore``, ``False`` to go ahead."""
         if not _dataset_exists(self._fs, self._path):
             return False
+        if self._mode == SaveMode.APPEND:
+            self._recorded = read_stored_schema(self._fs, self._path)
         if self._mode == SaveMode.ERROR:
             raise ValueError(
                 f"Path {self._path} already exists. Use mode='overwrite', 'append' or "
@@ -239,6 +244,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         data_schema = pa.schema([f for f in schema if f.name not in self._partition_cols])
         check_encodable(data_schema, self._config.record_type,
                         allow_float64_narrowing=self._config.allow_float64_narrowing)
+        if self._recorded is not None:
+            merge_recorded(self._recorded, self._data_schema(schema), path=self._path)
 
     def on_write_complete(self, write_result: WriteResult[Dict[str, Any]]) -> None:
         # An empty dataset never calls on_write_start; the mode still applies.
@@ -279,24 +286,22 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
     def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
-        It is written when every task wrote the same schema; an append keeps it only if the
-        data already there was described by the same one.
+        It records the schema every task wrote, merged into the one recorded before for an append
+        (:func:`~ray_tfrecord.schema.merge_recorded`); it is removed when tasks wrote conflicting
+        types, or when appending to files whose schema was not recorded.
         """
-        schemas: List[pa.Schema] = []
-        for ret in write_result.write_returns:
-            for schema in (ret or {}).get("schemas", []):
-                if schema not in schemas:
-                    schemas.append(schema)
-        new = schemas[0] if len(schemas) == 1 else None
-        if appended_to_data:
-            existing = read_stored_schema(self._fs, self._path)
-            if existing is not None and (not schemas or (new is not None and existing.equals(new, check_metadata=True))):
-                return
-            new = None  # the files already there have another (or an unknown) schema
+        merged = read_stored_schema(self._fs, self._path) if appended_to_data else None
+        written = [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
+        if merged is not None or not appended_to_data:
+            try:
+                for schema in written:
+                    merged = schema if merged is None else merge_recorded(merged, schema)
+            except SchemaError:
+                merged = None
         path = posixpath.join(self._path, SCHEMA_FILE)
-        if new is not None:
+        if merged is not None:
             with self._fs.open_output_stream(path, compression=None) as f:
-                f.write(new.serialize())
+                f.write(merged.serialize())
         elif self._fs.get_file_info(path).type == pafs.FileType.File:
             self._fs.delete_file(path)
 

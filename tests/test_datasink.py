@@ -271,6 +271,26 @@ def test_tensorflow_globs_over_a_written_dataset_match_data_files_only(ray_local
     assert sorted(r["word"] for r in read_tfrecords(parts).take_all()) == words
 
 
+def test_append_with_an_extra_column_keeps_how_existing_rows_read(ray_local, tmp_path):
+    out = str(tmp_path / "people")
+    write_tfrecords(ray.data.from_items([{"name": "ada", "age": 36}, {"name": "bob", "age": 41}]), out)
+    write_tfrecords(ray.data.from_items([{"name": "cy", "age": 7, "city": "Oslo"}]), out, mode="append")
+
+    back = read_tfrecords(out)
+    assert back.schema().base_schema == pa.schema([("name", pa.string()), ("age", pa.int64()), ("city", pa.string())])
+    assert sorted(back.take_all(), key=lambda r: r["age"]) == [
+        {"name": "cy", "age": 7, "city": "Oslo"},
+        {"name": "ada", "age": 36, "city": None},
+        {"name": "bob", "age": 41, "city": None},
+    ]
+
+    # A block whose type contradicts the recorded one fails in the write task, before its bytes land.
+    clash = ray.data.from_items([{"age": "old"}]).map_batches(lambda b: b)
+    with pytest.raises(Exception, match="column 'age': the dataset stores it as int64, the rows appended have string"):
+        write_tfrecords(clash, out, mode="append")
+    assert read_tfrecords(out).count() == 3 and not os.path.exists(os.path.join(out, "_temporary"))
+
+
 def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
     from ray_tfrecord.schema import SCHEMA_FILE
 
@@ -291,9 +311,17 @@ def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local,
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="append")  # same schema: kept
     assert os.path.exists(os.path.join(out, SCHEMA_FILE)) and read_tfrecords(out).count() == 4
 
+    # A column changing type would change how the rows already there read back: refused up front.
+    before = visible_files(out)
     other = pa.table({"name": pa.array([b"\xff"], pa.binary()), "part": pa.array([3])})
+    with pytest.raises(SchemaError, match="column 'name': the dataset stores it as string, the rows appended "
+                                          "have binary; cast the column to string"):
+        write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
+    assert visible_files(out) == before and not os.path.exists(os.path.join(out, "_temporary"))
+    # Without a recorded schema the files there cannot be described: it stays unrecorded.
+    os.remove(os.path.join(out, SCHEMA_FILE))
     write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
-    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))  # no longer true of every file
+    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))
     assert read_tfrecords(out).schema().base_schema.field("name").type == pa.binary()
 
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="overwrite")
