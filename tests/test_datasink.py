@@ -291,6 +291,22 @@ def test_append_with_an_extra_column_keeps_how_existing_rows_read(ray_local, tmp
     assert read_tfrecords(out).count() == 3 and not os.path.exists(os.path.join(out, "_temporary"))
 
 
+def test_inexact_float64_is_refused_with_the_fix_and_leaves_nothing(ray_local, tmp_path):
+    out = str(tmp_path / "floats")
+    with pytest.raises(Exception, match=r"column 'x': float64 value 0.1 is not exactly representable as float32.*"
+                                        r"pass allow_float64_narrowing=True \(CLI: --allow-float64-narrowing\)"):
+        write_tfrecords(ray.data.from_items([{"x": 0.1}]), out)
+    assert not os.path.exists(out)
+
+    write_tfrecords(ray.data.from_items([{"x": 0.5}]), out)  # exact in float32: written as is
+    before = sorted(os.listdir(out))
+    with pytest.raises(Exception, match="allow_float64_narrowing=True"):
+        write_tfrecords(ray.data.from_items([{"x": 0.25}] * 50 + [{"x": 0.1}], override_num_blocks=3), out, mode="append")
+    assert sorted(os.listdir(out)) == before
+    write_tfrecords(ray.data.from_items([{"x": 0.1}]), out, mode="append", allow_float64_narrowing=True)
+    assert sorted(r["x"] for r in read_tfrecords(out).take_all()) == [np.float32(0.1), 0.5]
+
+
 def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
     from ray_tfrecord.schema import SCHEMA_FILE
 
