@@ -50,10 +50,10 @@ from ray.data.datasource import Datasink, WriteResult
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import RecordType, check_encodable, encode
+from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
 from ray_tfrecord.partitioning import split_by_partitions
-from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.schema import SCHEMA_FILE, merge_recorded, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
