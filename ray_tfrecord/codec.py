@@ -237,8 +237,8 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
     """Raise :class:`SchemaError` (naming column and type) if ``schema`` cannot be written.
 
     Call it before writing anything, so a bad column fails the write at the start, not midway.
-    ``float64`` columns pass here; their values are checked when encoded unless
-    ``allow_float64_narrowing``.
+    ``float64`` columns pass here, since the type alone does not tell (0.5 is exact in float32, 0.1
+    is not): their values are checked when encoded unless ``allow_float64_narrowing``.
     """
     rtype = record_type_code(record_type)
     if rtype == RecordTypeCode.BYTE_ARRAY:
@@ -284,9 +284,10 @@ def _leaf_values(leaf: pa.Array, kind: Kind, column: str, allow_float64_narrowin
             exact = pc.or_(pc.equal(narrow.cast(pa.float64()), leaf), pc.is_nan(leaf))
             if len(leaf) and not pc.all(exact).as_py():
                 row = _first_true(pc.invert(exact))
-                raise TFRecordError(f"float64 value {leaf[row].as_py()!r} (element {row}) is not exactly representable "
-                                    "as float32, the only float type of TFRecord; pass allow_float64_narrowing=True to "
-                                    "round it", column=column)
+                raise TFRecordError(f"float64 value {leaf[row].as_py()!r} is not exactly representable as float32, "
+                                    "TFRecord's only float type; pass allow_float64_narrowing=True (CLI: "
+                                    "--allow-float64-narrowing) to round it, or cast the column to float32",
+                                    column=column)
         leaf = leaf.cast(pa.float32(), safe=False)
         dtype = np.float32
     return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None

@@ -11,7 +11,8 @@ Example:
 Commit protocol (what a concurrent reader sees):
 
 1. ``on_write_start`` (driver) applies ``mode``; write tasks then write every file,
-   and its index sidecar, under ``<path>/_temporary/<write id>/``. Readers that
+   and its index sidecar (``_index.<relative path>``, see :mod:`ray_tfrecord.index`), under
+   ``<path>/_temporary/<write id>/``. Readers that
    skip ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see
    these files, so a failed or killed write leaves nothing visible (at worst a
    hidden ``_temporary/<write id>/`` directory after a hard kill).
@@ -49,10 +50,11 @@ from ray.data.datasource import Datasink, WriteResult
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import RecordType, check_encodable, encode
+from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
 from ray_tfrecord.partitioning import split_by_partitions
-from ray_tfrecord.schema import SCHEMA_FILE, read_stored_schema, stored_schema
+from ray_tfrecord.schema import SCHEMA_FILE, merge_recorded, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +189,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self._started = False
         self._skip = False
         self._created_root = False
+        # The schema recorded by the dataset this write appends to: appended rows must agree.
+        self._recorded: Optional[pa.Schema] = None
         self.result: Optional[TFRecordWriteResult] = None
 
     # -- driver side ------------------------------------------------------------------
@@ -208,6 +212,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         ``True`` (write nothing) for ``ignore``, ``False`` to go ahead."""
         if not _dataset_exists(self._fs, self._path):
             return False
+        if self._mode == SaveMode.APPEND:
+            self._recorded = read_stored_schema(self._fs, self._path)
         if self._mode == SaveMode.ERROR:
             raise ValueError(
                 f"Path {self._path} already exists. Use mode='overwrite', 'append' or "
@@ -238,6 +244,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         data_schema = pa.schema([f for f in schema if f.name not in self._partition_cols])
         check_encodable(data_schema, self._config.record_type,
                         allow_float64_narrowing=self._config.allow_float64_narrowing)
+        if self._recorded is not None:
+            merge_recorded(self._recorded, self._data_schema(schema), path=self._path)
 
     def on_write_complete(self, write_result: WriteResult[Dict[str, Any]]) -> None:
         # An empty dataset never calls on_write_start; the mode still applies.
@@ -255,12 +263,12 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             dst = posixpath.join(self._path, f.rel_path)
             _make_dirs(self._fs, posixpath.dirname(dst))
             if f.has_index:
-                self._fs.move(index_path(src), index_path(dst))
+                self._fs.move(index_path(src, self._staging), index_path(dst, self._path))
             self._fs.move(src, dst)
             final_paths.append(dst)
 
         if old:
-            new = set(final_paths) | {index_path(p) for p in final_paths}
+            new = set(final_paths) | {index_path(p, self._path) for p in final_paths}
             for path in old:
                 if path not in new:
                     self._fs.delete_file(path)
@@ -278,24 +286,22 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
     def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
-        It is written when every task wrote the same schema; an append keeps it only if the
-        data already there was described by the same one.
+        It records the schema every task wrote, merged into the one recorded before for an append
+        (:func:`~ray_tfrecord.schema.merge_recorded`); it is removed when tasks wrote conflicting
+        types, or when appending to files whose schema was not recorded.
         """
-        schemas: List[pa.Schema] = []
-        for ret in write_result.write_returns:
-            for schema in (ret or {}).get("schemas", []):
-                if schema not in schemas:
-                    schemas.append(schema)
-        new = schemas[0] if len(schemas) == 1 else None
-        if appended_to_data:
-            existing = read_stored_schema(self._fs, self._path)
-            if existing is not None and (not schemas or (new is not None and existing.equals(new, check_metadata=True))):
-                return
-            new = None  # the files already there have another (or an unknown) schema
+        merged = read_stored_schema(self._fs, self._path) if appended_to_data else None
+        written = [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
+        if merged is not None or not appended_to_data:
+            try:
+                for schema in written:
+                    merged = schema if merged is None else merge_recorded(merged, schema)
+            except SchemaError:
+                merged = None
         path = posixpath.join(self._path, SCHEMA_FILE)
-        if new is not None:
+        if merged is not None:
             with self._fs.open_output_stream(path, compression=None) as f:
-                f.write(new.serialize())
+                f.write(merged.serialize())
         elif self._fs.get_file_info(path).type == pafs.FileType.File:
             self._fs.delete_file(path)
 
@@ -371,6 +377,7 @@ class _PartFile:
         self.rel_path = rel_path
         self.rows = 0
         self._fs = config.filesystem
+        self._staging = config.staging
         self._path = posixpath.join(config.staging, rel_path)
         _make_dirs(self._fs, posixpath.dirname(self._path))
         # compression=None: pyarrow would otherwise gzip a ".gz" name a second time.
@@ -393,7 +400,7 @@ class _PartFile:
         size = self.bytes
         self._writer.close()
         if self._index is not None:
-            write_index(self._fs, self._path, self._index.finish(size))
+            write_index(self._fs, self._path, self._index.finish(size), root=self._staging)
         return _StagedFile(self.rel_path, self.rows, size, self._index is not None)
 
 

@@ -1,8 +1,13 @@
 """Index sidecars: record-boundary checkpoints that let readers split a TFRecord file.
 
-A sidecar lives next to its data file as a hidden file, ``<dir>/.<name>.idx``, so
-that globbing ``part-*`` and every Hadoop-style reader (which skip names starting
-with ``.`` or ``_``) ignore it.
+Sidecars live at the dataset root, one ``_index.<relative path>`` file per data file
+(``/`` and ``.`` of the relative path percent-encoded), e.g. ``root/_index.year=2021%2Fpart-0%2Etfrecord``
+for ``root/year=2021/part-0.tfrecord``. TensorFlow's globs do not skip hidden names, so the
+only place they cannot reach is beside the partition directories: ``root/*/*`` and
+``root/*/*.tfrecord*`` match data files only, and ``root/*.tfrecord*`` (no ``.tfrecord`` in a
+sidecar's name) too. Hadoop-style readers, this package's listing included, skip ``_`` names.
+The dataset root of a file is found from its path alone: its directory, less the trailing Hive
+``key=value`` directories. Readers also accept the former layout, ``<dir>/.<name>.idx``.
 
 The index is *sparse*: it records the header offset and ordinal of one record
 roughly every ``spacing_bytes`` (256 KiB by default), not of every record. That
@@ -44,6 +49,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import struct
+import urllib.parse
 import zlib
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -53,7 +59,9 @@ import pyarrow.fs as pafs
 
 logger = logging.getLogger(__name__)
 
-INDEX_SUFFIX = ".idx"
+INDEX_PREFIX = "_index."
+# The former layout, a hidden sidecar beside the data file; still read.
+_LEGACY_SUFFIX = ".idx"
 INDEX_VERSION = 1
 DEFAULT_SPACING_BYTES = 256 << 10
 # Bytes hashed at each end of the data file to detect a changed file.
@@ -68,16 +76,44 @@ class IndexFormatError(ValueError):
     """An index sidecar is unreadable: wrong magic, unknown version, or damaged."""
 
 
-def index_path(data_path: str) -> str:
-    """Return the sidecar path of ``data_path`` (``<dir>/.<name>.idx``)."""
+def _hive_roots(data_path: str) -> List[str]:
+    """The directories that may be ``data_path``'s dataset root, nearest first: its own
+    directory, then each parent reached through a Hive ``key=value`` directory."""
+    roots = [posixpath.dirname(data_path)]
+    while "=" in posixpath.basename(roots[-1]) and posixpath.dirname(roots[-1]) != roots[-1]:
+        roots.append(posixpath.dirname(roots[-1]))
+    return roots
+
+
+def index_path(data_path: str, root: Optional[str] = None) -> str:
+    """Return where the sidecar of ``data_path`` is written: ``<root>/_index.<relative path>``.
+
+    ``root`` is the dataset directory holding ``data_path`` at any depth; by default the
+    file's directory less its trailing Hive ``key=value`` directories.
+    """
+    root = (_hive_roots(data_path)[-1] if root is None else root).rstrip("/")
+    relative = posixpath.relpath(data_path, root)
+    if relative.startswith("../"):
+        raise ValueError(f"{data_path} is not under {root}")
+    # No "/" so the sidecar sits in the root; no "." so `*.tfrecord*` globs skip it.
+    name = urllib.parse.quote(relative, safe="=-_~").replace(".", "%2E")
+    return posixpath.join(root, INDEX_PREFIX + name)
+
+
+def index_candidates(data_path: str) -> List[str]:
+    """Where a reader looks for the sidecar of ``data_path``, in order: the dataset roots the
+    path allows (:func:`index_path`), then the former ``<dir>/.<name>.idx``."""
     directory, name = posixpath.split(data_path)
-    return posixpath.join(directory, f".{name}{INDEX_SUFFIX}")
+    # The outermost root first: the datasink and the CLI write there.
+    return [index_path(data_path, root) for root in reversed(_hive_roots(data_path))] + [
+        posixpath.join(directory, f".{name}{_LEGACY_SUFFIX}")
+    ]
 
 
 def is_index_path(path: str) -> bool:
-    """Whether ``path`` names an index sidecar."""
+    """Whether ``path`` names an index sidecar (of either layout)."""
     name = posixpath.basename(path)
-    return name.startswith(".") and name.endswith(INDEX_SUFFIX)
+    return name.startswith(INDEX_PREFIX) or (name.startswith(".") and name.endswith(_LEGACY_SUFFIX))
 
 
 def _crc(data: bytes) -> int:
@@ -254,13 +290,16 @@ def read_fingerprint(
 def load_index(
     filesystem: pafs.FileSystem, data_path: str, size: int, head: bytes, tail: bytes
 ) -> Optional[RecordIndex]:
-    """Return the sidecar index of ``data_path`` if it exists and still matches the
-    file; ``None`` (with a log line saying why) otherwise."""
-    sidecar = index_path(data_path)
-    try:
-        with filesystem.open_input_stream(sidecar, compression=None) as f:
-            data = f.read()
-    except FileNotFoundError:
+    """Return the sidecar index of ``data_path`` (the first of :func:`index_candidates` that
+    exists) if it still matches the file; ``None`` (with a log line saying why) otherwise."""
+    for sidecar in index_candidates(data_path):
+        try:
+            with filesystem.open_input_stream(sidecar, compression=None) as f:
+                data = f.read()
+            break
+        except FileNotFoundError:
+            continue
+    else:
         return None
     try:
         index = RecordIndex.from_bytes(data, path=sidecar)
@@ -278,9 +317,12 @@ def load_index(
     return index
 
 
-def write_index(filesystem: pafs.FileSystem, data_path: str, index: RecordIndex) -> str:
-    """Write ``index`` as the sidecar of ``data_path``; returns the sidecar path."""
-    sidecar = index_path(data_path)
+def write_index(
+    filesystem: pafs.FileSystem, data_path: str, index: RecordIndex, root: Optional[str] = None
+) -> str:
+    """Write ``index`` as the sidecar of ``data_path`` (at :func:`index_path`, which says
+    what ``root`` is); returns the sidecar path."""
+    sidecar = index_path(data_path, root)
     with filesystem.open_output_stream(sidecar, compression=None) as f:
         f.write(index.to_bytes())
     return sidecar

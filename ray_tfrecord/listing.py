@@ -3,7 +3,7 @@
 Paths are resolved like every Ray reader's; directories are listed recursively with one
 ``FileSelector`` call each and sorted. Files or directories whose name starts with ``.`` or
 ``_`` are skipped at any depth (Hadoop convention: ``_SUCCESS``, ``_temporary/``, ``.crc``
-files and this package's own ``.<name>.idx`` sidecars). ``partition_filter`` and
+files and this package's ``_index.*`` sidecars). ``partition_filter`` and
 ``file_extensions`` are then applied, so a pruned file is never opened.
 
 Example::
@@ -18,14 +18,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Set, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from ray.data.datasource import Partitioning, PathPartitionFilter
 
 from ray_tfrecord import _compat
-from ray_tfrecord.index import index_path, is_index_path
+from ray_tfrecord.index import index_candidates, is_index_path
 from ray_tfrecord.partitioning import PartitionValues, parse_partitions
 
 __all__ = ["DataFile", "Listing", "list_files"]
@@ -38,8 +38,9 @@ class DataFile:
     path: str
     size: int
     partitions: PartitionValues  # ((column, typed value), ...); empty when unpartitioned
-    # Whether an index sidecar sits next to the file: known for files found by listing a
-    # directory, None for files named directly (their sidecars were not listed).
+    # Whether the listing saw an index sidecar of the file: known for files found by listing
+    # the directory that holds their sidecars, None otherwise (a file named directly, or a
+    # partition directory read on its own: its sidecars are at the dataset root).
     has_index: Optional[bool] = None
 
 
@@ -96,6 +97,14 @@ def _is_hidden(relative_path: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative_path.split("/") if part)
 
 
+def _has_index(path: str, base: str, sidecars: Set[str]) -> Optional[bool]:
+    candidates = index_candidates(path)
+    if any(c in sidecars for c in candidates):
+        return True
+    # A sidecar at a dataset root above the listed directory was not listed.
+    return None if any(not c.startswith(base) for c in candidates) else False
+
+
 def _expand(roots: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> List[Tuple[str, int, Optional[bool]]]:
     """``(path, size, has_index)`` of each named file and each visible file under each named
     directory (sorted per directory)."""
@@ -112,7 +121,7 @@ def _expand(roots: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> List
                 for e in entries
                 if not _is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
             )
-            files.extend((p, size, index_path(p) in sidecars) for p, size in visible)
+            files.extend((p, size, _has_index(p, base, sidecars)) for p, size in visible)
         elif not ignore_missing:
             raise FileNotFoundError(f"No such file or directory: {path}")
     return files

@@ -65,6 +65,32 @@ def read_stored_schema(filesystem, root: str, record_type: RecordType | None = N
     return schema
 
 
+def merge_recorded(recorded: pa.Schema, appended: pa.Schema, *, path: str | None = None) -> pa.Schema:
+    """The schema of a dataset recorded as ``recorded`` once records of schema ``appended`` are
+    added: every recorded column keeps its type, new columns follow, and a column that some
+    records lack is nullable. Raises :class:`SchemaError` when a column changes type (``path``,
+    the dataset, goes in the message)."""
+    kind, new_kind = ((s.metadata or {}).get(_RECORD_TYPE_KEY) for s in (recorded, appended))
+    if kind != new_kind:
+        raise SchemaError(f"the dataset holds {_decoded(kind)} records, not {_decoded(new_kind)}; pass "
+                          f"record_type={_decoded(kind)!r} or write to another path", path=path)
+    fields = {f.name: f for f in appended}
+    merged = []
+    for old in recorded:
+        new = fields.pop(old.name, None)
+        if new is not None and not new.type.equals(old.type):
+            raise SchemaError(f"the dataset stores it as {old.type}, the rows appended have {new.type}; cast the "
+                              f"column to {old.type} before appending, or write with mode='overwrite'",
+                              path=path, column=old.name)
+        merged.append(old.with_nullable(new is None or old.nullable or new.nullable))
+    merged += [f.with_nullable(True) for f in fields.values()]
+    return pa.schema(merged, metadata=recorded.metadata)
+
+
+def _decoded(record_type: bytes | None) -> str:
+    return record_type.decode() if record_type else "unknown"
+
+
 @dataclass
 class _Stats:
     section: Section

@@ -457,8 +457,11 @@ def test_encode_rejects_nulls_inside_lists():
 def test_encode_rejects_uint64_overflow_and_inexact_float64():
     with pytest.raises(TFRecordError, match=r"column 'u'.*18446744073709551615.*int64"):
         codec.encode(pa.record_batch({"u": pa.array([1, 2**64 - 1], pa.uint64())}))
-    with pytest.raises(TFRecordError, match=r"column 'd'.*0.1.*allow_float64_narrowing"):
-        codec.encode(pa.record_batch({"d": pa.array([0.5, 0.1])}))
+    with pytest.raises(TFRecordError) as e:
+        codec.encode(pa.record_batch({"d": pa.array([[0.5], [0.25, 0.1]])}))
+    assert e.value.column == "d" and str(e.value) == (
+        "column 'd': float64 value 0.1 is not exactly representable as float32, TFRecord's only float type; "
+        "pass allow_float64_narrowing=True (CLI: --allow-float64-narrowing) to round it, or cast the column to float32")
     enc = codec.encode(pa.record_batch({"d": pa.array([0.5, 0.1, math.nan, math.inf])}), allow_float64_narrowing=True)
     chunk = next(iter_chunks(io.BytesIO(bytes(enc.data)), path="m"))
     assert ref.decode_example(bytes(chunk.record(1)))["d"] == ("float_list", [f32(0.1)])

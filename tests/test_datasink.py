@@ -16,7 +16,8 @@ import tensorflow as tf
 from ray_tfrecord import SchemaError, read_tfrecords, write_tfrecords
 from ray_tfrecord._compat import TaskContext
 from ray_tfrecord.datasink import TFRecordDatasink
-from ray_tfrecord.index import RecordIndex, build_index, index_path
+from ray_tfrecord.index import RecordIndex, build_index, index_path, is_index_path
+from ray_tfrecord.listing import list_files
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -33,6 +34,12 @@ def visible_files(root) -> list:
     return sorted(out)
 
 
+def root_entries(root, *names) -> list:
+    """What a committed dataset's root holds: the markers, ``names`` and one sidecar per data file."""
+    sidecars = [os.path.basename(index_path(f)) for f in visible_files(root)]
+    return sorted(["_SUCCESS", "_tfrecord_schema.arrow", *names, *sidecars])
+
+
 def words_dataset():
     numbers = [1, 2, 8]
     return ray.data.from_items(
@@ -43,7 +50,7 @@ def words_dataset():
 def test_seed_example_partitioned_round_trip(ray_local, tmp_path):
     out = tmp_path / "words"
     result = write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
-    assert sorted(os.listdir(out)) == ["_SUCCESS", "_tfrecord_schema.arrow", "number=1", "number=2", "number=8"]
+    assert sorted(os.listdir(out)) == root_entries(out, "number=1", "number=2", "number=8")
     files = visible_files(out)
     assert files and all(PART_NAME.fullmatch(os.path.basename(f)) for f in files)
     assert result.num_rows == 60 and sorted(result.files) == files
@@ -129,8 +136,7 @@ def test_save_modes(ray_local, tmp_path):
     write_tfrecords(ray.data.from_items([{"x": -1}]), out, mode="overwrite")
     assert [r["x"] for r in read_tfrecords(out).take_all()] == [-1]
     assert not set(before) & set(visible_files(out))
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", os.path.basename(visible_files(out)[0]),
-                                               "." + os.path.basename(visible_files(out)[0]) + ".idx"])
+    assert sorted(os.listdir(out)) == root_entries(out, os.path.basename(visible_files(out)[0]))
 
 
 def test_overwrite_partitioned_removes_old_partitions(ray_local, tmp_path):
@@ -138,7 +144,7 @@ def test_overwrite_partitioned_removes_old_partitions(ray_local, tmp_path):
     write_tfrecords(words_dataset(), str(out), partition_cols=["number"])
     new = ray.data.from_items([{"number": 2, "word": "fresh"}])
     write_tfrecords(new, str(out), partition_cols=["number"], mode="overwrite")
-    assert sorted(os.listdir(out)) == ["_SUCCESS", "_tfrecord_schema.arrow", "number=2"]
+    assert sorted(os.listdir(out)) == root_entries(out, "number=2") and len(visible_files(out)) == 1
     rows = read_tfrecords(str(out), schema=pa.schema([("word", pa.string())])).take_all()
     assert rows == [{"word": "fresh", "number": 2}]
 
@@ -209,7 +215,7 @@ def test_file_sizing_and_index_sidecars(ray_local, tmp_path):
 
     gz = tmp_path / "gz"
     write_tfrecords(ray.data.from_items(rows), str(gz), compression="gzip")
-    assert not any(f.endswith(".idx") for f in os.listdir(gz))
+    assert not any(is_index_path(f) for f in os.listdir(gz))
 
 
 def _ends(path):
@@ -236,11 +242,69 @@ def test_byte_array_round_trip_and_null_partition(ray_local, tmp_path):
     nulls = tmp_path / "nulls"
     ds = ray.data.from_items([{"k": None, "v": 1}, {"k": "a/b", "v": 2}])
     write_tfrecords(ds, str(nulls), partition_cols=["k"])
-    assert sorted(os.listdir(nulls)) == ["_SUCCESS", "_tfrecord_schema.arrow", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb"]
+    assert sorted(os.listdir(nulls)) == root_entries(nulls, "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb")
     assert sorted(read_tfrecords(str(nulls)).take_all(), key=lambda r: r["v"]) == [
         {"v": 1, "k": None},
         {"v": 2, "k": "a/b"},
     ]
+
+
+def test_tensorflow_globs_over_a_written_dataset_match_data_files_only(ray_local, tmp_path):
+    def parsed(files):
+        spec = {"word": tf.io.FixedLenFeature([], tf.string)}
+        return sorted(tf.io.parse_single_example(r, spec)["word"].numpy().decode() for r in tf.data.TFRecordDataset(files))
+
+    words = sorted(r["word"] for r in words_dataset().take_all())
+    parts = str(tmp_path / "parts")
+    write_tfrecords(words_dataset(), parts, partition_cols=["number"])
+    assert parsed(tf.io.gfile.glob(parts + "/*/*")) == words
+    assert parsed(tf.io.gfile.glob(parts + "/*/*.tfrecord*")) == words
+    assert parsed(tf.data.Dataset.list_files(parts + "/*/*")) == words
+
+    flat = str(tmp_path / "flat")
+    write_tfrecords(words_dataset().drop_columns(["number"]), flat)
+    assert parsed(tf.io.gfile.glob(flat + "/*.tfrecord*")) == words
+    assert parsed(tf.data.Dataset.list_files(flat + "/part-*")) == words
+
+    # Our reader still finds every sidecar (tests/test_planning.py splits with them).
+    assert [f.has_index for f in list_files(parts).files] == [True] * len(visible_files(parts))
+    assert sorted(r["word"] for r in read_tfrecords(parts).take_all()) == words
+
+
+def test_append_with_an_extra_column_keeps_how_existing_rows_read(ray_local, tmp_path):
+    out = str(tmp_path / "people")
+    write_tfrecords(ray.data.from_items([{"name": "ada", "age": 36}, {"name": "bob", "age": 41}]), out)
+    write_tfrecords(ray.data.from_items([{"name": "cy", "age": 7, "city": "Oslo"}]), out, mode="append")
+
+    back = read_tfrecords(out)
+    assert back.schema().base_schema == pa.schema([("name", pa.string()), ("age", pa.int64()), ("city", pa.string())])
+    assert sorted(back.take_all(), key=lambda r: r["age"]) == [
+        {"name": "cy", "age": 7, "city": "Oslo"},
+        {"name": "ada", "age": 36, "city": None},
+        {"name": "bob", "age": 41, "city": None},
+    ]
+
+    # A block whose type contradicts the recorded one fails in the write task, before its bytes land.
+    clash = ray.data.from_items([{"age": "old"}]).map_batches(lambda b: b)
+    with pytest.raises(Exception, match="column 'age': the dataset stores it as int64, the rows appended have string"):
+        write_tfrecords(clash, out, mode="append")
+    assert read_tfrecords(out).count() == 3 and not os.path.exists(os.path.join(out, "_temporary"))
+
+
+def test_inexact_float64_is_refused_with_the_fix_and_leaves_nothing(ray_local, tmp_path):
+    out = str(tmp_path / "floats")
+    with pytest.raises(Exception, match=r"column 'x': float64 value 0.1 is not exactly representable as float32.*"
+                                        r"pass allow_float64_narrowing=True \(CLI: --allow-float64-narrowing\)"):
+        write_tfrecords(ray.data.from_items([{"x": 0.1}]), out)
+    assert not os.path.exists(out)
+
+    write_tfrecords(ray.data.from_items([{"x": 0.5}]), out)  # exact in float32: written as is
+    before = sorted(os.listdir(out))
+    with pytest.raises(Exception, match="allow_float64_narrowing=True"):
+        write_tfrecords(ray.data.from_items([{"x": 0.25}] * 50 + [{"x": 0.1}], override_num_blocks=3), out, mode="append")
+    assert sorted(os.listdir(out)) == before
+    write_tfrecords(ray.data.from_items([{"x": 0.1}]), out, mode="append", allow_float64_narrowing=True)
+    assert sorted(r["x"] for r in read_tfrecords(out).take_all()) == [np.float32(0.1), 0.5]
 
 
 def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
@@ -263,9 +327,17 @@ def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local,
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="append")  # same schema: kept
     assert os.path.exists(os.path.join(out, SCHEMA_FILE)) and read_tfrecords(out).count() == 4
 
+    # A column changing type would change how the rows already there read back: refused up front.
+    before = visible_files(out)
     other = pa.table({"name": pa.array([b"\xff"], pa.binary()), "part": pa.array([3])})
+    with pytest.raises(SchemaError, match="column 'name': the dataset stores it as string, the rows appended "
+                                          "have binary; cast the column to string"):
+        write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
+    assert visible_files(out) == before and not os.path.exists(os.path.join(out, "_temporary"))
+    # Without a recorded schema the files there cannot be described: it stays unrecorded.
+    os.remove(os.path.join(out, SCHEMA_FILE))
     write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
-    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))  # no longer true of every file
+    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))
     assert read_tfrecords(out).schema().base_schema.field("name").type == pa.binary()
 
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="overwrite")

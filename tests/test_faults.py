@@ -33,6 +33,7 @@ from ray.data.datasource import ReadTask
 from ray_tfrecord import RecordWriter, encode, read_tfrecords, write_tfrecords
 from ray_tfrecord.datasink import TFRecordDatasink
 from ray_tfrecord.datasource import TFRecordDatasource
+from ray_tfrecord.index import index_path
 
 pytestmark = pytest.mark.timeout(300)
 # Workers cannot import this module (tests/ is not installed); ship its functions by value.
@@ -208,7 +209,7 @@ def test_killed_write_worker_is_retried_and_commits_once(ray_local, tmp_path):
     # returned and then removed the whole staging directory.
     assert not any(os.path.exists(f) for f in staged_by_killed_attempt)
     assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow"] + [os.path.basename(p) for p in sink.result.files]
-                                             + ["." + os.path.basename(p) + ".idx" for p in sink.result.files])
+                                             + [os.path.basename(index_path(p)) for p in sink.result.files])
     assert visible_files(out) == sorted(sink.result.files)
     assert not set(old_files) & set(visible_files(out))
     assert sink.result.num_rows == len(ids)

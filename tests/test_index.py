@@ -1,6 +1,7 @@
 """Index sidecars: format, staleness, and the split invariant (every record in
 exactly one range, ranges starting on record boundaries)."""
 
+import fnmatch
 import io
 
 import numpy as np
@@ -16,6 +17,7 @@ from ray_tfrecord.index import (
     IndexFormatError,
     RecordIndex,
     build_index,
+    index_candidates,
     index_path,
     is_index_path,
     load_index,
@@ -96,7 +98,7 @@ def test_writer_index_equals_scanned_index_and_detects_changes(tmp_path):
     assert scanned.to_bytes() == written.to_bytes()
     assert written.num_records == 200 and len(written.offsets) > 10
     write_index(fs, path, written)
-    assert is_index_path(index_path(path)) and index_path(path).endswith("/.w.tfrecord.idx")
+    assert is_index_path(index_path(path)) and index_path(path).endswith("/_index.w%2Etfrecord")
     assert load_index(fs, path, size, *read_fingerprint(fs, path, size)) is not None
 
     # Same size, different content at the end: stale.
@@ -122,3 +124,19 @@ def test_build_index_refuses_damaged_and_skips_compressed(tmp_path):
     with RecordWriter(fs.open_output_stream(gz, compression=None), "gzip") as w:
         w.write(data)
     assert build_index(fs, gz) is None
+
+
+@pytest.mark.parametrize("relative", ["part-0.tfrecord", "part-0.tfrecord.gz", "a=1/b=x%2Fy/part-1.tfrecord",
+                                      "k=__HIVE_DEFAULT_PARTITION__/p.tfrecord"])
+def test_sidecar_sits_at_the_dataset_root_where_tensorflow_globs_miss_it(relative):
+    data = "s3b/ds/" + relative
+    sidecar = index_path(data)
+    directory, name = sidecar.rsplit("/", 1)
+    assert directory == "s3b/ds" and name.startswith("_index.") and is_index_path(sidecar)
+    for pattern in ("*.tfrecord*", "part-*"):
+        assert not fnmatch.fnmatch(name, pattern)
+    # Distinct files never share a sidecar, and readers look where writers wrote.
+    assert index_path(data + "x") != sidecar
+    assert index_candidates(data)[0] == sidecar and index_candidates(data)[-1].endswith("/." + data.rsplit("/", 1)[1] + ".idx")
+    if "/" in relative:  # a sidecar written for a partition directory read on its own is found too
+        assert index_path(data, "s3b/ds/" + relative.split("/")[0]) in index_candidates(data)

@@ -76,6 +76,27 @@ def test_probe_and_plan(layout, tmp_path):
     assert plan_ranges(fs, files, "gzip", target_bytes=5000, threads=2) == [FileRange.whole(f) for f in files]
 
 
+def test_sidecars_found_in_both_layouts_and_from_a_partition_directory(layout):
+    fs = pafs.LocalFileSystem()
+    b = str(layout / "k=2/b.tfrecord")
+    assert os.path.exists(layout / "_index.k=2%2Fb%2Etfrecord")  # at the dataset root
+    # A partition directory read alone: the sidecar is above it, so unknown until probed.
+    alone = list_files(str(layout / "k=2")).files
+    assert [(os.path.basename(f.path), f.has_index) for f in alone] == [("b.tfrecord", None)]
+    assert probe_file(fs, alone[0], "auto").kind is ProbeKind.INDEXED
+
+    # A dataset indexed before sidecars moved to the root: `.<name>.idx` beside the file.
+    os.rename(layout / "_index.k=2%2Fb%2Etfrecord", layout / "k=2/.b.tfrecord.idx")
+    legacy = {os.path.basename(f.path): f for f in list_files(str(layout)).files}
+    assert legacy["b.tfrecord"].has_index is True
+    assert probe_file(fs, legacy["b.tfrecord"], "auto").index.num_records == 200
+    # Still checked for staleness: the file changed, so the sidecar is ignored.
+    with open(b, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"?")
+    assert probe_file(fs, legacy["b.tfrecord"], "auto").kind is ProbeKind.UNINDEXED
+
+
 def test_pack_ranges_keeps_order():
     ranges = [FileRange(f"f{i}", 0, None, size, None, False, ()) for i, size in enumerate([5, 5, 30, 1, 1])]
     assert [[r.path for r in g] for g in pack_ranges(ranges, 10)] == [["f0", "f1"], ["f2"], ["f3", "f4"]]

@@ -15,7 +15,7 @@ import ray
 from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord.datasource import TFRecordDatasource
 from ray_tfrecord.framing import RecordWriter, frame_records
-from ray_tfrecord.index import build_index, write_index
+from ray_tfrecord.index import build_index, index_path, is_index_path, write_index
 from ray.data.datasource.partitioning import PathPartitionFilter
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,7 +70,8 @@ def test_partitioned_write_and_read_on_s3(ray_local, s3):
     keys = _keys(s3, f"{BUCKET}/words")
     assert f"{BUCKET}/words/_SUCCESS" in keys
     assert not any("_temporary" in k for k in keys)
-    assert {k.split("/")[2] for k in keys if "=" in k} == {"number=1", "number=2", "number=8"}
+    assert {k.split("/")[2] for k in keys if k.count("/") == 3} == {"number=1", "number=2", "number=8"}
+    assert {k for k in keys if is_index_path(k)} == {index_path(f) for f in result.files}
     assert result.num_rows == 30
 
     back = read_tfrecords(f"s3://{BUCKET}/words", filesystem=s3, schema=pa.schema([("word", pa.string())]))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ray_tfrecord import codec
 from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.framing import frame_records, iter_chunks
-from ray_tfrecord.schema import infer_schema
+from ray_tfrecord.schema import infer_schema, merge_recorded, stored_schema
 
 from . import reference as ref
 from .strategies import column_specs, rows_for, same_floats
@@ -89,3 +89,21 @@ def test_inferred_schema_decodes_every_sampled_record(data):
             kind, want = r[name]
             got = [got] if scalar else got
             assert same_floats(got, want) if kind == "float_list" else got == want
+
+
+def test_merge_recorded_keeps_types_adds_nullable_columns_and_refuses_a_changed_type():
+    recorded = stored_schema([pa.field("name", pa.string(), nullable=False), pa.field("n", pa.int32())], "Example")
+    appended = stored_schema([pa.field("n", pa.int32(), nullable=False), pa.field("tag", pa.binary(), nullable=False)],
+                             "Example")
+    merged = merge_recorded(recorded, appended, path="/d")
+    assert merged == stored_schema([pa.field("name", pa.string()), pa.field("n", pa.int32()),
+                                    pa.field("tag", pa.binary())], "Example")
+    assert all(f.nullable for f in merged) and merged.metadata == recorded.metadata
+
+    with pytest.raises(SchemaError) as e:
+        merge_recorded(recorded, stored_schema([pa.field("n", pa.int64())], "Example"), path="/d")
+    assert (e.value.path, e.value.column) == ("/d", "n")
+    assert str(e.value) == ("/d, column 'n': the dataset stores it as int32, the rows appended have int64; "
+                            "cast the column to int32 before appending, or write with mode='overwrite'")
+    with pytest.raises(SchemaError, match="holds Example records, not SequenceExample; pass record_type='Example'"):
+        merge_recorded(recorded, stored_schema([], "SequenceExample"), path="/d")
