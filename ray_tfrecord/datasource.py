@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterator, List, Literal, Optional, Tuple, Union
 
@@ -39,6 +40,7 @@ from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, R
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
+from ray_tfrecord.errors import TFRecordError
 from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.listing import Listing, list_files
 from ray_tfrecord.planning import (
@@ -339,6 +341,7 @@ def _record_schema(
             )
         return BYTE_ARRAY_SCHEMA
     if schema is not None:
+        _check_schema_against(schema, listing, record_type, sample)
         return schema
     # A dataset this package wrote records its exact schema; others are sampled.
     if len(listing.roots) == 1:
@@ -346,6 +349,27 @@ def _record_schema(
         if stored is not None:
             return stored.remove_metadata()
     return infer_schema(sample(), record_type, fixed_size_lists=fixed_size_lists)
+
+
+def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: RecordType, sample) -> None:
+    """Decode the first chunk of the data with an explicit ``schema``: a type that contradicts
+    the records fails here, on the driver, instead of in the first read task; a field no
+    record in that chunk has (often a misspelling, read as all nulls) is warned about."""
+    record_schema = pa.schema([f for f in schema if f.name not in listing.partition_schema.names])
+    chunks = sample()
+    with contextlib.closing(chunks):
+        first = next(chunks, None)
+    if first is None or not len(record_schema):
+        return
+    batch = decode(first, record_schema, record_type)
+    absent = [f.name for f, column in zip(record_schema, batch.columns) if column.null_count == len(first)]
+    if absent:
+        warnings.warn(
+            f"schema fields {absent} are in none of the first {len(first)} records of {first.path} "
+            f"and will read as nulls; check their spelling (features there: "
+            f"{infer_schema([first], record_type).names})",
+            stacklevel=5,
+        )
 
 
 # -- read tasks -----------------------------------------------------------------
@@ -361,8 +385,11 @@ def _read_fn(ranges: List[FileRange], config: _ReadConfig):
         for r in ranges:
             # CorruptionReport.add logs each skipped record; the ledger keeps counts.
             report = CorruptionReport()
-            for chunk in _iter_range(fs, r, config, report):
-                yield _to_block(chunk, r, record_schema, config)
+            try:
+                for chunk in _iter_range(fs, r, config, report):
+                    yield _to_block(chunk, r, record_schema, config)
+            except TFRecordError as e:
+                raise _compat.from_task(e) from None
             if report.count:
                 ray.get(config.ledger.record.remote((r.path, r.start), report))
 
