@@ -117,8 +117,8 @@ class CorruptionReport:
         self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
 
 
-_NOT_TFRECORD = ("does not look like a TFRecord file: its first bytes are not a record header; read Parquet, "
-                 "CSV or JSON with ray.data.read_* or `ray-tfrecord convert`")
+_NOT_TFRECORD = ("; the file does not look like TFRecord at all (Parquet, CSV or JSON? read it with "
+                 "ray.data.read_parquet/read_csv/read_json, or `ray-tfrecord convert` it)")
 
 
 def _frame_error(status: Status, length: int, available: int) -> str:
@@ -170,11 +170,10 @@ class _Inflate:
         if n < 0:
             n = 1 << 62
         out: list[bytes] = []
-        size = 0
         try:
             self._inflate(n, out)
         except CorruptRecordError as e:
-            if not out:
+            if not any(out):
                 raise
             self._damage = e
         return b"".join(out)
@@ -282,8 +281,8 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
                              resync=resyncing)
         for e in found.errors:
             status, reason = Status(e.status), _frame_error(Status(e.status), e.length, e.available)
-            if base + e.offset == 0 and not resync and status in (Status.BAD_LENGTH_CRC, Status.TRUNCATED_HEADER):
-                defect(0, f"{_NOT_TFRECORD} ({reason}{where})", NotTFRecordError)
+            if base + e.offset == 0 and not resync and status == Status.BAD_LENGTH_CRC:
+                defect(0, reason + where + _NOT_TFRECORD, NotTFRecordError)
             else:
                 defect(base + e.offset, reason + where)
         if skip:
