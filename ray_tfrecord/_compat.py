@@ -9,7 +9,7 @@ these names import it from here too.
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 import pyarrow.fs as pafs
 
@@ -109,6 +109,7 @@ def _subclasses(cls: type) -> list:
 
 
 _TWINS: Dict[type, type] = {cls: _twin(cls) for cls in _subclasses(TFRecordError)}
+_BASES: Dict[type, type] = {twin: cls for cls, twin in _TWINS.items()}
 
 
 def _rebuild(cls: Type[TFRecordError], state: dict, *, twin: bool = True) -> TFRecordError:
@@ -122,15 +123,16 @@ def from_task(error: TFRecordError) -> TFRecordError:
     """``error``, to raise from inside a Ray task so that the driver's message is a few lines:
     Ray hides its own frames and does not call it an internal error. Still an instance of
     ``type(error)`` with the same ``path``, ``offset`` and ``column``."""
-    return _rebuild(type(error), error.__dict__)
+    return _rebuild(_BASES.get(type(error), type(error)), error.__dict__)
 
 
-def task_cause(error: BaseException) -> BaseException:
-    """The error a Ray task raised, without Ray's traceback around it, for entry points that
-    report errors themselves (``write_tfrecords``, the CLI); ``error`` itself otherwise."""
-    while isinstance(error, RayTaskError) and isinstance(error.cause, BaseException):
-        error = error.cause
-    if isinstance(error, UserCodeException) and isinstance(error, TFRecordError):
-        base = next(cls for cls, twin in _TWINS.items() if type(error) is twin)
-        return _rebuild(base, error.__dict__, twin=False)
-    return error
+def task_cause(error: BaseException) -> Optional[TFRecordError]:
+    """The ``TFRecordError`` a Ray task raised, without Ray's traceback around it, for entry
+    points that report errors themselves (``write_tfrecords``, the CLI); ``None`` when
+    ``error`` is not a task's ``TFRecordError``."""
+    cause = error
+    while isinstance(cause, RayTaskError) and isinstance(cause.cause, BaseException):
+        cause = cause.cause
+    if cause is error or not isinstance(cause, TFRecordError):
+        return None
+    return _rebuild(_BASES.get(type(cause), type(cause)), cause.__dict__, twin=False)
