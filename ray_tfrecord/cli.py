@@ -84,9 +84,13 @@ def _shorten(value: Any, keep: int = 8, keep_bytes: int = 32) -> Any:
         return [_shorten(v) for v in value[:keep]] + [f"... ({len(value)} values)"]
     if isinstance(value, list):
         return [_shorten(v) for v in value]
-    if isinstance(value, (bytes, str)) and len(value) > keep_bytes:
-        unit = "bytes" if isinstance(value, bytes) else "characters"
-        return f"{_jsonable(value[:keep_bytes])}... ({len(value)} {unit})"
+    if isinstance(value, str) and len(value) > keep_bytes:
+        return f"{value[:keep_bytes]}... ({len(value)} characters)"
+    if isinstance(value, bytes) and len(value) > keep_bytes:
+        head = value[:keep_bytes]
+        text = head.decode("utf-8", "replace")
+        shown = text if text.isprintable() else head[:16].hex(" ")
+        return f"{shown}... ({len(value)} bytes)"
     return value
 
 
