@@ -8,7 +8,8 @@ examples:
 
 Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so it is
 parallel and shows Ray Data's progress bars. Exit codes: 0 success; 1 damaged data (a corrupt
-record, a file that is not TFRecord) or a file that could not be indexed; 2 usage errors.
+record, a file that is not TFRecord) or a file that could not be indexed; 2 usage errors (the
+message says which option to change).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import ray
 from ray_tfrecord import _compat, options
 from ray_tfrecord.datasink import write_tfrecords
 from ray_tfrecord.datasource import TFRecordDatasource
-from ray_tfrecord.errors import TFRecordError
+from ray_tfrecord.errors import CorruptRecordError, TFRecordError
 from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, build_index, write_index
 from ray_tfrecord.listing import DataFile, list_files
@@ -252,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not isinstance(error, (ValueError, FileNotFoundError)):
             raise
         print(f"ray-tfrecord {args.command}: {error}", file=sys.stderr)
-        return 1 if isinstance(error, TFRecordError) else 2
+        return 1 if isinstance(error, CorruptRecordError) else 2
 
 
 if __name__ == "__main__":
