@@ -48,12 +48,12 @@ __all__ = [
     "TaskContext",
     "execution_index",
     "from_task",
-    "task_cause",
     "has_file_extension",
     "is_local_scheme",
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
+    "task_cause",
     "unpickled_filesystem",
     "unwrap_filesystem",
 ]
@@ -122,8 +122,10 @@ def _rebuild(cls: Type[TFRecordError], state: dict, *, twin: bool = True) -> TFR
 def from_task(error: TFRecordError) -> TFRecordError:
     """``error``, to raise from inside a Ray task so that the driver's message is a few lines:
     Ray hides its own frames and does not call it an internal error. Still an instance of
-    ``type(error)`` with the same ``path``, ``offset`` and ``column``."""
-    return _rebuild(_BASES.get(type(error), type(error)), error.__dict__)
+    ``type(error)`` with the same ``path``, ``offset`` and ``column``; a subclass defined
+    outside ``ray_tfrecord.errors`` has no twin and is returned as it is."""
+    base = _BASES.get(type(error), type(error))
+    return _rebuild(base, error.__dict__) if base in _TWINS else error
 
 
 def task_cause(error: BaseException) -> Optional[TFRecordError]:

@@ -114,7 +114,10 @@ class TFRecordDatasource(Datasource):
         schema: Arrow schema of the record columns. When absent: the schema recorded by
             the ``write_tfrecords`` that wrote the directory (exact types: strings stay
             strings), else inferred (see ``infer_sample_records``). Partition and ``path``
-            columns are added to it.
+            columns are added to it. A given schema is checked against the first chunk
+            (1 MiB) of the data here, on the driver: a contradicting type raises
+            :class:`~ray_tfrecord.errors.DecodeError`, a field none of those records has
+            gets a ``UserWarning``.
         columns: Columns to produce (record, partition or ``path`` columns), in this
             order. Only these record columns are decoded. ``Dataset.select_columns``
             after the read is pushed down the same way.
@@ -124,7 +127,9 @@ class TFRecordDatasource(Datasource):
         on_corrupt: ``"raise"`` (default) raises
             :class:`~ray_tfrecord.errors.CorruptRecordError` naming the file and byte
             offset; ``"skip"`` drops bad records, logs them and counts them; the
-            count is available from :meth:`corruption_report` after execution.
+            count is available from :meth:`corruption_report` after execution. A
+            damaged GZIP/ZLIB stream keeps the records before the damage and counts the
+            rest of the file as one lost stretch.
         filesystem: The ``pyarrow.fs.FileSystem`` to use; inferred from the paths
             when absent.
         partitioning: How directory names map to columns; Hive ``key=value`` by
@@ -368,7 +373,7 @@ def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: Reco
             f"schema fields {absent} are in none of the first {len(first)} records of {first.path} "
             f"and will read as nulls; check their spelling (features there: "
             f"{infer_schema([first], record_type).names})",
-            stacklevel=5,
+            stacklevel=5,  # the caller of read_tfrecords
         )
 
 
