@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -42,6 +43,15 @@ _READERS = {
 def _ensure_ray(num_cpus: Optional[int]) -> None:
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def _console_without_errors() -> None:
+    """The CLI prints a failed job's error as one line; Ray Data would also log it on the
+    console with its traceback. Those records stay in Ray Data's log file; progress and
+    warnings still reach the console."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.addFilter(lambda record: record.levelno < logging.ERROR)
 
 
 def _rows(files: List[DataFile]) -> List[Dict[str, Any]]:
@@ -243,8 +253,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``ray-tfrecord`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     args.num_cpus = getattr(args, "num_cpus", None)
+    _console_without_errors()
     try:
         return args.fn(args)
     except Exception as e:
@@ -252,8 +264,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         error = _compat.task_cause(e) or e
         if not isinstance(error, (ValueError, FileNotFoundError)):
             raise
-        print(f"ray-tfrecord {args.command}: {error}", file=sys.stderr)
+        print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), parser, args.command)}", file=sys.stderr)
         return 1 if isinstance(error, CorruptRecordError) else 2
+
+
+def _in_cli_terms(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """The library names a fix as a Python keyword (``allow_float64_narrowing=True``); on the
+    command line it is the flag (``--allow-float64-narrowing``)."""
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in sub.choices[command]._actions:
+        if isinstance(action, argparse._StoreTrueAction):
+            message = message.replace(f"{action.dest}=True", action.option_strings[0])
+    return message
 
 
 if __name__ == "__main__":
