@@ -106,8 +106,6 @@ def _shorten(value: Any, keep: int = 8, keep_bytes: int = 32) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, str):
-        return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")
     if hasattr(value, "tolist"):

@@ -250,7 +250,7 @@ def test_cli_help_covers_every_argument_without_markup():
     assert parser.parse_args(["verify", "p", "--num-cpus", "1"]).num_cpus == 1
 
 
-def test_cli_prints_no_tensorflow_banners(tmp_path):
+def test_cli_shows_progress_and_no_tensorflow_banners(tmp_path):
     path = str(tmp_path / "one.tfrecord")
     open(path, "wb").write(frame_records([example(a=1)]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
@@ -258,5 +258,6 @@ def test_cli_prints_no_tensorflow_banners(tmp_path):
                             capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert "records: 1" in result.stdout
+    assert "Running Dataset" in result.stderr  # Ray Data's progress, logged when not on a terminal
     for banner in ("oneDNN", "cuda", "absl::InitializeLog", "cpu_feature_guard"):
         assert banner not in result.stderr
