@@ -9,9 +9,14 @@ these names import it from here too.
 
 from __future__ import annotations
 
+from typing import Dict, Optional, Type
+
 import pyarrow.fs as pafs
 
 from ray.data.context import DataContext
+from ray.exceptions import RayTaskError, UserCodeException
+
+from ray_tfrecord.errors import TFRecordError
 
 # Ray counts a column-less Arrow table as empty; a column of this name carries the row
 # count of a batch whose columns were all projected away, and Ray drops it again. No
@@ -42,11 +47,13 @@ __all__ = [
     "ROW_COUNT_STUB_COLUMN",
     "TaskContext",
     "execution_index",
+    "from_task",
     "has_file_extension",
     "is_local_scheme",
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
+    "task_cause",
     "unpickled_filesystem",
     "unwrap_filesystem",
 ]
@@ -55,8 +62,6 @@ __all__ = [
 resolve_paths = _resolve_paths_and_filesystem
 has_file_extension = _has_file_extension
 is_local_scheme = _is_local_scheme  # local:// paths: Ray runs their tasks on the driver's node
-pickleable_filesystem = _wrap_s3_serialization_workaround
-unpickled_filesystem = _unwrap_s3_serialization_workaround
 
 
 def retrying_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
@@ -83,3 +88,53 @@ def execution_index(context: DataContext | None) -> int:
     ``FileShuffleConfig.get_seed`` takes to reseed per execution. Ray passes the context
     to ``Datasource.get_read_tasks`` but keeps the counter in a private attribute."""
     return context._execution_idx if context is not None else 0
+
+
+# Ray formats an error raised in a task as the task's whole traceback, Ray Data's frames
+# included, and logs it again as "internal code ... open an issue"; only a cause that is a
+# ``UserCodeException`` gets Ray Data's frames hidden and the short log. There is no public
+# way to mark an exception as the user's data problem, so each error class gets a twin that
+# is also a ``UserCodeException``, under the same name so that Ray shows
+# ``RayTaskError(CorruptRecordError)``.
+def _twin(cls: Type[TFRecordError]) -> Type[TFRecordError]:
+    return type(cls.__name__, (cls, UserCodeException), {
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__reduce__": lambda self: (_rebuild, (cls, self.__dict__)),
+    })
+
+
+def _subclasses(cls: type) -> list:
+    return [cls] + [s for sub in cls.__subclasses__() for s in _subclasses(sub)]
+
+
+_TWINS: Dict[type, type] = {cls: _twin(cls) for cls in _subclasses(TFRecordError)}
+_BASES: Dict[type, type] = {twin: cls for cls, twin in _TWINS.items()}
+
+
+def _rebuild(cls: Type[TFRecordError], state: dict, *, twin: bool = True) -> TFRecordError:
+    error = Exception.__new__(_TWINS[cls] if twin else cls)
+    error.__dict__.update(state)
+    error.args = (state["message"],)
+    return error
+
+
+def from_task(error: TFRecordError) -> TFRecordError:
+    """``error``, to raise from inside a Ray task so that the driver's message is a few lines:
+    Ray hides its own frames and does not call it an internal error. Still an instance of
+    ``type(error)`` with the same ``path``, ``offset`` and ``column``; a subclass defined
+    outside ``ray_tfrecord.errors`` has no twin and is returned as it is."""
+    base = _BASES.get(type(error), type(error))
+    return _rebuild(base, error.__dict__) if base in _TWINS else error
+
+
+def task_cause(error: BaseException) -> Optional[TFRecordError]:
+    """The ``TFRecordError`` a Ray task raised, without Ray's traceback around it, for entry
+    points that report errors themselves (``write_tfrecords``, the CLI); ``None`` when
+    ``error`` is not a task's ``TFRecordError``."""
+    cause = error
+    while isinstance(cause, RayTaskError) and isinstance(cause.cause, BaseException):
+        cause = cause.cause
+    if cause is error or not isinstance(cause, TFRecordError):
+        return None
+    return _rebuild(_BASES.get(type(cause), type(cause)), cause.__dict__, twin=False)

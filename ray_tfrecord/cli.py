@@ -1,15 +1,15 @@
-"""``ray-tfrecord``: inspect, verify, index and convert TFRecord datasets.
+"""ray-tfrecord: inspect, verify, index and convert TFRecord datasets.
 
-Examples::
+examples:
+  ray-tfrecord inspect s3://bucket/train/    schema, counts, files, partitions, first rows
+  ray-tfrecord verify /data/train            full CRC scan; exit 1 on damage
+  ray-tfrecord index /data/train             write index sidecars so reads can split files
+  ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
 
-    ray-tfrecord inspect s3://bucket/train/            # schema, counts, files, partitions, rows
-    ray-tfrecord verify /data/train                    # full CRC scan; exit 1 on damage
-    ray-tfrecord index /data/train                     # write split-index sidecars
-    ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
-
-Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so
-it is parallel and shows Ray's progress bars. Exit codes: 0 success, 1 damaged data
-found (``verify``) or a file could not be indexed (``index``), 2 usage errors.
+Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so it is
+parallel and shows Ray Data's progress bars. Exit codes: 0 success; 1 damaged data (a corrupt
+record, a file that is not TFRecord) or a file that could not be indexed; 2 usage errors (the
+message says which option to change).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -24,10 +25,10 @@ import pyarrow.fs as pafs
 
 import ray
 
-from ray_tfrecord import options
+from ray_tfrecord import _compat, options
 from ray_tfrecord.datasink import write_tfrecords
 from ray_tfrecord.datasource import TFRecordDatasource
-from ray_tfrecord.errors import TFRecordError
+from ray_tfrecord.errors import CorruptRecordError, TFRecordError
 from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, build_index, write_index
 from ray_tfrecord.listing import DataFile, list_files
@@ -44,13 +45,22 @@ def _ensure_ray(num_cpus: Optional[int]) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
+def _console_without_errors() -> None:
+    """The CLI prints a failed job's error as one line; Ray Data would also log it on the
+    console with its traceback. Those records stay in Ray Data's log file; progress and
+    warnings still reach the console."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.addFilter(lambda record: record.levelno < logging.ERROR)
+
+
 def _rows(files: List[DataFile]) -> List[Dict[str, Any]]:
     """One Ray Data row per file, for the per-file jobs."""
     return [{"path": f.path, "size": f.size} for f in files]
 
 
 def _cmd_inspect(args) -> int:
-    source = TFRecordDatasource(args.path, record_type=args.record_type, verify_crc=False)
+    source = TFRecordDatasource(args.path, record_type=args.record_type)
     files = source.listing.files
     schema = source.output_schema()
     print(f"files: {len(files)} ({sum(f.size for f in files)} bytes)")
@@ -76,14 +86,22 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-def _shorten(value: Any, keep: int = 8) -> Any:
-    """A long list shows its first values and its length (an image row is 784 numbers)."""
+def _shorten(value: Any, keep: int = 8, keep_bytes: int = 32) -> Any:
+    """A long list shows its first values and its length (an image row is 784 numbers); a long
+    string or blob its first bytes and its length (an encoded image is kilobytes)."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, list) and len(value) > keep:
         return [_shorten(v) for v in value[:keep]] + [f"... ({len(value)} values)"]
     if isinstance(value, list):
         return [_shorten(v) for v in value]
+    if isinstance(value, str) and len(value) > keep_bytes:
+        return f"{value[:keep_bytes]}... ({len(value)} characters)"
+    if isinstance(value, bytes) and len(value) > keep_bytes:
+        head = value[:keep_bytes]
+        text = head.decode("utf-8", "replace")
+        shown = text if text.isprintable() else head[:16].hex(" ")
+        return f"{shown}... ({len(value)} bytes)"
     return value
 
 
@@ -98,14 +116,11 @@ def _jsonable(value: Any) -> Any:
 def _verify_file(row: Dict[str, Any], filesystem: pafs.FileSystem) -> Dict[str, Any]:
     report = CorruptionReport(max_samples=100)
     records = 0
-    try:
-        stream, found = open_stream(row["path"], filesystem, "auto")
-        with contextlib.closing(stream):
-            for chunk in iter_chunks(stream, path=row["path"], on_corrupt="skip", report=report,
-                                     compressed=bool(found)):
-                records += len(chunk)
-    except TFRecordError as e:  # a broken compressed stream cannot be resynchronised
-        report.add(row["path"], e.offset if e.offset is not None else -1, str(e))
+    stream, found = open_stream(row["path"], filesystem, "auto")
+    with contextlib.closing(stream):
+        for chunk in iter_chunks(stream, path=row["path"], on_corrupt="skip", report=report,
+                                 compressed=bool(found)):
+            records += len(chunk)
     return {"path": row["path"], "records": records, "bad": report.count,
             "samples": json.dumps(report.samples)}
 
@@ -178,36 +193,56 @@ def _guess_format(src: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ray-tfrecord", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Global options are accepted before and after the subcommand: each subparser has them
+    # too, and SUPPRESS keeps a subcommand's unset copy from erasing the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--num-cpus", type=int, default=argparse.SUPPRESS,
+                        help="CPUs for the local Ray this command starts (default: all)")
+    parser = argparse.ArgumentParser(prog="ray-tfrecord", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `ray-tfrecord COMMAND --help` lists its options")
     record_types = list(options.RECORD_TYPES)
+    path_help = "a TFRecord file or a directory of them (read recursively); local, s3://, gs://, ..."
+    record_type_help = "what each record holds: tf.train.Example, SequenceExample or raw bytes (default: Example)"
 
-    p = sub.add_parser("inspect", help="schema, record count, files, partitions, first rows")
-    p.add_argument("path")
-    p.add_argument("--record-type", default="Example", choices=record_types)
-    p.add_argument("--rows", type=int, default=5)
-    p.add_argument("--files", type=int, default=10, help="files to list")
+    p = sub.add_parser("inspect", parents=[common], help="schema, record count, files, partitions, first rows",
+                       description="Show the schema, record count, files, partitions and first rows; "
+                                   "exit 1 if a record is corrupt.")
+    p.add_argument("path", help=path_help)
+    p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
+    p.add_argument("--rows", type=int, default=5, help="rows to show (default: 5)")
+    p.add_argument("--files", type=int, default=10, help="files to list (default: 10)")
     p.set_defaults(fn=_cmd_inspect)
 
-    p = sub.add_parser("verify", help="full CRC scan; exit 1 and list bad file/offsets on damage")
-    p.add_argument("path")
+    p = sub.add_parser("verify", parents=[common], help="full CRC scan; exit 1 and list bad file/offsets on damage",
+                       description="Check every record's CRCs; print each damaged file and offset and exit 1 "
+                                   "on damage.")
+    p.add_argument("path", help=path_help)
     p.set_defaults(fn=_cmd_verify)
 
-    p = sub.add_parser("index", help="write index sidecars so reads can split large files")
-    p.add_argument("path")
-    p.add_argument("--spacing", type=int, default=DEFAULT_SPACING_BYTES, help="bytes between checkpoints")
+    p = sub.add_parser("index", parents=[common], help="write index sidecars so reads can split large files",
+                       description="Write an index sidecar for each uncompressed file so that reads can split "
+                                   "it into byte ranges.")
+    p.add_argument("path", help=path_help)
+    p.add_argument("--spacing", type=int, default=DEFAULT_SPACING_BYTES,
+                   help=f"bytes between index checkpoints (default: {DEFAULT_SPACING_BYTES})")
     p.set_defaults(fn=_cmd_index)
 
-    p = sub.add_parser("convert", help="Parquet / CSV / JSON -> TFRecord through Ray Data")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("--format", choices=sorted(_READERS))
-    p.add_argument("--partition-by", help="comma-separated partition columns")
-    p.add_argument("--compression", default="none", choices=["none", *options.COMPRESSIONS])
-    p.add_argument("--record-type", default="Example", choices=record_types)
-    p.add_argument("--mode", default="error", choices=list(options.MODES))
-    p.add_argument("--max-rows-per-file", type=int)
+    p = sub.add_parser("convert", parents=[common], help="Parquet / CSV / JSON -> TFRecord through Ray Data",
+                       description="Convert Parquet, CSV or JSON to TFRecord through Ray Data.")
+    p.add_argument("src", help="the Parquet, CSV or JSON file or directory to convert")
+    p.add_argument("dst", help="the directory to write TFRecord files into")
+    p.add_argument("--format", choices=sorted(_READERS),
+                   help="the format of SRC (default: from its extension)")
+    p.add_argument("--partition-by", help="comma-separated columns to partition the output by (Hive key=value "
+                                          "directories)")
+    p.add_argument("--compression", default="none", choices=["none", *options.COMPRESSIONS],
+                   help="compress each output file (default: none)")
+    p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
+    p.add_argument("--mode", default="error", choices=list(options.MODES),
+                   help="what to do when DST already holds data (default: error)")
+    p.add_argument("--max-rows-per-file", type=int, help="start a new file after this many rows")
     p.add_argument("--allow-float64-narrowing", action="store_true",
                    help="write float64 columns as float32 (TFRecord has no float64)")
     p.set_defaults(fn=_cmd_convert)
@@ -216,12 +251,29 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``ray-tfrecord`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.num_cpus = getattr(args, "num_cpus", None)
+    _console_without_errors()
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"ray-tfrecord {args.command}: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        # One line, no traceback: the library's message names the file, offset and fix.
+        error = _compat.task_cause(e) or e
+        if not isinstance(error, (ValueError, FileNotFoundError)):
+            raise
+        print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), parser, args.command)}", file=sys.stderr)
+        return 1 if isinstance(error, CorruptRecordError) else 2
+
+
+def _in_cli_terms(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """The library names a fix as a Python keyword (``allow_float64_narrowing=True``); on the
+    command line it is the flag (``--allow-float64-narrowing``)."""
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in sub.choices[command]._actions:
+        if isinstance(action, argparse._StoreTrueAction):
+            message = message.replace(f"{action.dest}=True", action.option_strings[0])
+    return message
 
 
 if __name__ == "__main__":

@@ -549,5 +549,13 @@ def write_tfrecords(
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink._check_schema(known.base_schema)  # fail before computing anything
-    ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
+    try:
+        ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
+    except Exception as e:
+        # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
+        # caller gets the error itself, with its path, offset and column.
+        cause = _compat.task_cause(e)
+        if cause is None:
+            raise
+        raise cause from None
     return sink.result

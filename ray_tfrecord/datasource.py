@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterator, List, Literal, Optional, Tuple, Union
 
@@ -39,6 +40,7 @@ from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, R
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
+from ray_tfrecord.errors import TFRecordError
 from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.listing import Listing, list_files
 from ray_tfrecord.planning import (
@@ -112,7 +114,10 @@ class TFRecordDatasource(Datasource):
         schema: Arrow schema of the record columns. When absent: the schema recorded by
             the ``write_tfrecords`` that wrote the directory (exact types: strings stay
             strings), else inferred (see ``infer_sample_records``). Partition and ``path``
-            columns are added to it.
+            columns are added to it. A given schema is checked against the first chunk
+            (1 MiB) of the data here, on the driver: a contradicting type raises
+            :class:`~ray_tfrecord.errors.DecodeError`, a field none of those records has
+            gets a ``UserWarning``.
         columns: Columns to produce (record, partition or ``path`` columns), in this
             order. Only these record columns are decoded. ``Dataset.select_columns``
             after the read is pushed down the same way.
@@ -122,7 +127,9 @@ class TFRecordDatasource(Datasource):
         on_corrupt: ``"raise"`` (default) raises
             :class:`~ray_tfrecord.errors.CorruptRecordError` naming the file and byte
             offset; ``"skip"`` drops bad records, logs them and counts them; the
-            count is available from :meth:`corruption_report` after execution.
+            count is available from :meth:`corruption_report` after execution. A
+            damaged GZIP/ZLIB stream keeps the records before the damage and counts the
+            rest of the file as one lost stretch.
         filesystem: The ``pyarrow.fs.FileSystem`` to use; inferred from the paths
             when absent.
         partitioning: How directory names map to columns; Hive ``key=value`` by
@@ -339,6 +346,7 @@ def _record_schema(
             )
         return BYTE_ARRAY_SCHEMA
     if schema is not None:
+        _check_schema_against(schema, listing, record_type, sample)
         return schema
     # A dataset this package wrote records its exact schema; others are sampled.
     if len(listing.roots) == 1:
@@ -346,6 +354,27 @@ def _record_schema(
         if stored is not None:
             return stored.remove_metadata()
     return infer_schema(sample(), record_type, fixed_size_lists=fixed_size_lists)
+
+
+def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: RecordType, sample) -> None:
+    """Decode the first chunk of the data with an explicit ``schema``: a type that contradicts
+    the records fails here, on the driver, instead of in the first read task; a field no
+    record in that chunk has (often a misspelling, read as all nulls) is warned about."""
+    record_schema = pa.schema([f for f in schema if f.name not in listing.partition_schema.names])
+    chunks = sample()
+    with contextlib.closing(chunks):
+        first = next(chunks, None)
+    if first is None or not len(record_schema):
+        return
+    batch = decode(first, record_schema, record_type)
+    absent = [f.name for f, column in zip(record_schema, batch.columns) if column.null_count == len(first)]
+    if absent:
+        warnings.warn(
+            f"schema fields {absent} are in none of the first {len(first)} records of {first.path} "
+            f"and will read as nulls; check their spelling (features there: "
+            f"{infer_schema([first], record_type).names})",
+            stacklevel=5,  # the caller of read_tfrecords
+        )
 
 
 # -- read tasks -----------------------------------------------------------------
@@ -361,8 +390,11 @@ def _read_fn(ranges: List[FileRange], config: _ReadConfig):
         for r in ranges:
             # CorruptionReport.add logs each skipped record; the ledger keeps counts.
             report = CorruptionReport()
-            for chunk in _iter_range(fs, r, config, report):
-                yield _to_block(chunk, r, record_schema, config)
+            try:
+                for chunk in _iter_range(fs, r, config, report):
+                    yield _to_block(chunk, r, record_schema, config)
+            except TFRecordError as e:
+                raise _compat.from_task(e) from None
             if report.count:
                 ray.get(config.ledger.record.remote((r.path, r.start), report))
 

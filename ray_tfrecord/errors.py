@@ -7,7 +7,8 @@ class TFRecordError(ValueError):
     """Base class: a problem with TFRecord data, located by file, byte offset and column.
 
     ``offset`` is the byte offset of the record's header in the file (in the decompressed stream
-    for GZIP/ZLIB files); ``column`` is the feature name where one is involved.
+    for GZIP/ZLIB files); ``column`` is the feature name where one is involved; ``reason`` is the
+    message without the location.
     """
 
     def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
@@ -19,14 +20,25 @@ class TFRecordError(ValueError):
             where.append(f"offset {offset}")
         if column is not None:
             where.append(f"column {column!r}")
-        super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+        self.message = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(self.message)
+        self.reason = message
         self.path = path
         self.offset = offset
         self.column = column
 
+    def __str__(self) -> str:
+        # Ray Data appends its retry advice to ``args`` of any exception leaving a task; the
+        # message stays what this package said.
+        return self.message
+
 
 class CorruptRecordError(TFRecordError):
     """The framing is broken: a truncated record, a CRC mismatch or a damaged compressed stream."""
+
+
+class NotTFRecordError(CorruptRecordError):
+    """The file's first bytes are not a TFRecord record header (a Parquet, CSV or text file)."""
 
 
 class DecodeError(TFRecordError):

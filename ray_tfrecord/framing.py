@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _native, options
 from ._contract import Status
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, NotTFRecordError
 from .options import Compression, OnCorrupt
 
 _log = logging.getLogger(__name__)
@@ -117,6 +117,10 @@ class CorruptionReport:
         self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
 
 
+_NOT_TFRECORD = ("; the file does not look like TFRecord at all (Parquet, CSV or JSON? read it with "
+                 "ray.data.read_parquet/read_csv/read_json, or `ray-tfrecord convert` it)")
+
+
 def _frame_error(status: Status, length: int, available: int) -> str:
     if status == Status.TRUNCATED_HEADER:
         return f"truncated record header: {available} bytes left, 12 needed"
@@ -154,14 +158,27 @@ class _Inflate:
         self._d = zlib.decompressobj(_WBITS[compression])
         self._raw_pos = 0
         self._eof = False
+        # Raised by the next read, so that the bytes inflated before the damage still arrive.
+        self._damage: CorruptRecordError | None = None
 
     def _fail(self, why: str) -> CorruptRecordError:
         return CorruptRecordError(f"{why} (compressed byte {self._raw_pos})", path=self._path)
 
     def read(self, n: int = -1) -> bytes:
+        if self._damage is not None:
+            raise self._damage
         if n < 0:
             n = 1 << 62
         out: list[bytes] = []
+        try:
+            self._inflate(n, out)
+        except CorruptRecordError as e:
+            if not any(out):
+                raise
+            self._damage = e
+        return b"".join(out)
+
+    def _inflate(self, n: int, out: list[bytes]) -> None:
         size = 0
         while size < n and not self._eof:
             src = self._d.unconsumed_tail
@@ -185,7 +202,6 @@ class _Inflate:
                 raise self._fail(f"corrupted {self._kind.upper()} stream: {e}") from None
             out.append(data)
             size += len(data)
-        return b"".join(out)
 
     def close(self) -> None:
         self._raw.close()
@@ -225,27 +241,35 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
         report = CorruptionReport()
     where = " in the decompressed stream" if compressed else ""
 
-    def defect(offset: int, reason: str) -> None:
+    def defect(offset: int, reason: str, error: type = CorruptRecordError) -> None:
         if not skip:
-            raise CorruptRecordError(reason + where, path=path, offset=offset)
-        report.add(path, offset, reason + where)
+            raise error(reason, path=path, offset=offset)
+        report.add(path, offset, reason)
 
-    base, pending, eof, need, resyncing = start, b"", False, 0, resync
+    base, pending, eof, need, resyncing, broken = start, b"", False, 0, resync, None
     while end is None or base < end:
         room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)
         if need > room:
             # The length at `base` claims more than the file (or any valid record) can hold: no
             # need to read it. A resync candidate that cannot fit is simply no boundary.
             if not resyncing and size is not None and size - base < need:
-                defect(base, _frame_error(Status.TRUNCATED_DATA, need - 16, size - base - 12))
+                defect(base, _frame_error(Status.TRUNCATED_DATA, need - 16, size - base - 12) + where)
             elif not resyncing:
                 defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
-                       f"{max_record_bytes}")
+                       f"{max_record_bytes}{where}")
             pending, base, need, resyncing = pending[1:], base + 1, 0, True
         target = max(len(pending) + chunk_bytes, need)
         parts, have = [pending], len(pending)
         while have < target and not eof:
-            piece = stream.read(min(target - have, max(chunk_bytes, 1 << 16)))
+            try:
+                piece = stream.read(min(target - have, max(chunk_bytes, 1 << 16)))
+            except CorruptRecordError as e:
+                # A damaged compressed stream cannot be resynchronised: keep the records
+                # decompressed so far and report the rest of the file as one lost stretch.
+                if not skip:
+                    raise
+                broken, eof = e, True
+                break
             if not piece:
                 eof = True
                 break
@@ -253,9 +277,14 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
             have += len(piece)
         data = b"".join(parts) if len(parts) > 1 else parts[0]
         limit = -1 if end is None else end - base
-        found = _native.scan(data, verify=verify_crc, final=eof, skip=skip, limit=limit, resync=resyncing)
+        found = _native.scan(data, verify=verify_crc, final=eof and broken is None, skip=skip, limit=limit,
+                             resync=resyncing)
         for e in found.errors:
-            defect(base + e.offset, _frame_error(Status(e.status), e.length, e.available))
+            status, reason = Status(e.status), _frame_error(Status(e.status), e.length, e.available)
+            if base + e.offset == 0 and not resync and status == Status.BAD_LENGTH_CRC:
+                defect(0, reason + where + _NOT_TFRECORD, NotTFRecordError)
+            else:
+                defect(base + e.offset, reason + where)
         if skip:
             report.count += found.error_count - len(found.errors)
         if len(found.positions):
@@ -265,6 +294,8 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
         base += found.consumed
         need, resyncing = found.need, found.resyncing
         if eof:
+            if broken is not None:
+                defect(base, f"{broken.reason}: the records from decompressed offset {base} to the end are lost")
             return
 
 
