@@ -16,7 +16,7 @@ TensorFlow are imported when the names that need them are first used.
 from importlib import import_module
 
 from .codec import BYTE_ARRAY_SCHEMA, EncodedRecords, RecordType, check_encodable, decode, encode
-from .errors import CorruptRecordError, DecodeError, SchemaError, TFRecordError
+from .errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
 from .framing import CorruptionReport, RecordChunk, RecordWriter, detect_compression, iter_chunks, open_stream
 from .schema import infer_schema
 
@@ -30,7 +30,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "CorruptionReport", "DecodeError", "EncodedRecords", "RecordChunk",
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "CorruptionReport", "DecodeError", "EncodedRecords", "NotTFRecordError",
+    "RecordChunk",
     "RecordType", "RecordWriter", "SchemaError", "TFRecordError", "check_encodable", "decode", "detect_compression",
     "encode", "infer_schema", "iter_chunks", "open_stream", *_LAZY,
 ]

@@ -50,7 +50,7 @@ from ray.data.datasource import Datasink, WriteResult
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import RecordType, check_encodable, encode
-from ray_tfrecord.errors import SchemaError
+from ray_tfrecord.errors import SchemaError, TFRecordError
 from ray_tfrecord.framing import RecordWriter
 from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
 from ray_tfrecord.partitioning import split_by_partitions
@@ -306,7 +306,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             self._fs.delete_file(path)
 
     def on_write_failed(self, error: Exception) -> None:
-        logger.warning("Write to %s failed; removing staged files: %s", self._path, error)
+        logger.warning("Write to %s failed; removing staged files: %s", self._path, _compat.task_cause(error) or error)
         self._remove_staging()
         if self._created_root and not _dataset_exists(self._fs, self._path):
             self._fs.delete_dir(self._path)
@@ -361,6 +361,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                 for part_dir, piece in split_by_partitions(table, self._partition_cols):
                     for batch in piece.to_batches():
                         files.write(part_dir, batch)
+        except TFRecordError as e:
+            raise _compat.from_task(e) from None
         finally:
             done = files.close_all()
         return {"files": done, "schemas": schemas}
