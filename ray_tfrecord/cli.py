@@ -272,7 +272,9 @@ def _in_cli_terms(message: str, parser: argparse.ArgumentParser, command: str) -
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for action in sub.choices[command]._actions:
         if isinstance(action, argparse._StoreTrueAction):
-            message = message.replace(f"{action.dest}=True", action.option_strings[0])
+            flag = action.option_strings[0]
+            # Messages that name both spellings keep only the flag here.
+            message = message.replace(f"{action.dest}=True (CLI: {flag})", flag).replace(f"{action.dest}=True", flag)
     return message
 
 

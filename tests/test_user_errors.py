@@ -211,6 +211,7 @@ def test_cli_errors_are_one_line(ray_local, tmp_path, not_tfrecord, capsys):
     line = _last_line(capsys.readouterr().err)
     assert line.startswith("ray-tfrecord convert: column 'x': ") and len(line) < 300, line
     assert "--allow-float64-narrowing" in line and "allow_float64_narrowing=True" not in line
+    assert line.count("--allow-float64-narrowing") == 1, line
 
 
 def test_inspect_reports_a_corrupt_record_and_exits_1(ray_local, tmp_path, capsys):
