@@ -225,6 +225,13 @@ def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Exa
     except _native.CodecError as e:
         raise _decode_error(e, chunk, {f.name: f.type for f in schema}) from None
     arrays = [_cast(_build(*spec, res, nrows), f, chunk) for f, spec, res in zip(schema, specs, results)]
+    for f, arr in zip(schema, arrays):
+        if not f.nullable and arr.null_count:
+            # A missing feature decodes as null; a not-null field must not hand one on (Parquet and
+            # other consumers trust the flag), so the record is refused, as Spark refuses it.
+            raise DecodeError("the record lacks this feature but the schema declares the field not nullable; "
+                              "declare it nullable=True or write the feature in every record",
+                              path=chunk.path, offset=chunk.offset(_first_true(arr.is_null())), column=f.name)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

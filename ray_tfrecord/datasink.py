@@ -37,10 +37,11 @@ import os
 import posixpath
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 import ray
@@ -225,7 +226,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             return True
         return False
 
-    def _check_schema(self, schema: pa.Schema) -> None:
+    def _check_schema(self, schema: pa.Schema, absent: Sequence[str] = ()) -> None:
+        """Refuse what cannot be written; ``absent`` columns (null-typed in one block) are not encoded."""
         missing = [c for c in self._partition_cols if c not in schema.names]
         if missing:
             raise ValueError(f"partition_cols {missing} are not columns of {schema.names}")
@@ -241,7 +243,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                 )
         if len(self._partition_cols) == len(schema.names):
             raise ValueError("Every column is a partition column; records would be empty.")
-        data_schema = pa.schema([f for f in schema if f.name not in self._partition_cols])
+        data_schema = pa.schema([f for f in schema if f.name not in self._partition_cols and f.name not in absent])
         check_encodable(data_schema, self._config.record_type,
                         allow_float64_narrowing=self._config.allow_float64_narrowing)
         if self._recorded is not None:
@@ -254,6 +256,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             self.result = TFRecordWriteResult(num_rows=0, skipped=True)
             return
         staged = [f for ret in write_result.write_returns if ret for f in ret["files"]]
+        self._refuse_null_everywhere(write_result)
         old = _list_old_files(self._fs, self._path) if self._mode == SaveMode.OVERWRITE else []
         appended_to_data = self._mode == SaveMode.APPEND and _dataset_exists(self._fs, self._path)
 
@@ -282,6 +285,17 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             files=final_paths,
             bytes_written=sum(f.size for f in staged),
         )
+
+    def _refuse_null_everywhere(self, write_result: WriteResult[Dict[str, Any]]) -> None:
+        """Tasks write a null-typed block column as missing features, since another block may give it
+        a type; a column null-typed in every block (and not recorded before) has none, so the
+        write fails before any file moves, as it does on the driver when the schema is known."""
+        written = [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
+        typed = {f.name for s in written + [self._recorded or pa.schema([])] for f in s if not pa.types.is_null(f.type)}
+        for s in written:
+            for f in s:
+                if f.name not in typed:
+                    check_encodable(pa.schema([f]), self._config.record_type)
 
     def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
@@ -353,11 +367,17 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
                 if table.schema != checked:
-                    self._check_schema(table.schema)
                     checked = table.schema
                     data = self._data_schema(table.schema)
                     if data not in schemas:
                         schemas.append(data)
+                    # A column whose every cell in this block is null has Arrow type null here even
+                    # when the dataset's is binary or int64: its records lack the feature, as for a
+                    # null cell. A column null everywhere is refused from the merged schemas.
+                    absent = [f.name for f in data if pa.types.is_null(f.type)]
+                    self._check_schema(table.schema, absent=absent)
+                table = table.drop_columns(absent)
+                self._refuse_nulls_in_not_null_fields(table)
                 for part_dir, piece in split_by_partitions(table, self._partition_cols):
                     for batch in piece.to_batches():
                         files.write(part_dir, batch)
@@ -366,6 +386,16 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         finally:
             done = files.close_all()
         return {"files": done, "schemas": schemas}
+
+    def _refuse_nulls_in_not_null_fields(self, table: pa.Table) -> None:
+        """Only a task sees the values: a null where the schema says not null fails it before its
+        block is written (staged files are then removed), since the record would lack the feature
+        and read back as a null the recorded schema forbids."""
+        for f, col in zip(table.schema, table.columns):
+            if not f.nullable and col.null_count:
+                row = pc.index(col.is_null(), True).as_py()
+                raise SchemaError(f"row {row} of a block is null but the schema declares the field not nullable; "
+                                  "fill the nulls or declare the field nullable=True", path=self._path, column=f.name)
 
     def _data_schema(self, schema: pa.Schema) -> pa.Schema:
         """What the records hold (partition columns live in the directory names)."""

@@ -246,6 +246,10 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
             raise error(reason, path=path, offset=offset)
         report.add(path, offset, reason)
 
+    if size is not None and start >= size:
+        # Nothing starts at or past the end: TensorFlow's reader reports end-of-data there, so
+        # yield nothing rather than measure a negative remainder as a truncated record.
+        return
     base, pending, eof, need, resyncing, broken = start, b"", False, 0, resync, None
     while end is None or base < end:
         room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)

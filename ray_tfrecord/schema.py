@@ -78,6 +78,10 @@ def merge_recorded(recorded: pa.Schema, appended: pa.Schema, *, path: str | None
     merged = []
     for old in recorded:
         new = fields.pop(old.name, None)
+        if new is not None and pa.types.is_null(new.type):
+            new = None  # null-typed in these rows (all null): they lack the feature, whatever its type
+        elif new is not None and pa.types.is_null(old.type):
+            old = new.with_nullable(True)  # the column was null-typed (all null) in the rows recorded so far
         if new is not None and not new.type.equals(old.type):
             raise SchemaError(f"the dataset stores it as {old.type}, the rows appended have {new.type}; cast the "
                               f"column to {old.type} before appending, or write with mode='overwrite'",

@@ -343,3 +343,42 @@ def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local,
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="overwrite")
     assert read_tfrecords(out).schema().base_schema.field("name").type == pa.string()
     assert read_tfrecords(out, record_type="SequenceExample").schema().base_schema.field("name").type == pa.binary()
+
+
+def test_block_with_an_all_null_column_writes_missing_features(ray_local, tmp_path):
+    # The null rows come first, so that block's column is null-typed while the next block's is binary.
+    rows = [{"id": i, "bytes_partial": None if i < 4 else b"v%d" % i} for i in range(8)]
+    ds = ray.data.from_items(rows, override_num_blocks=2)
+    out = str(tmp_path / "partial")
+    write_tfrecords(ds, out)
+    parsed = {}
+    for path in visible_files(out):
+        for record in tf.data.TFRecordDataset(path):
+            example = tf.train.Example.FromString(record.numpy())
+            parsed[example.features.feature["id"].int64_list.value[0]] = example.features.feature
+    assert all(("bytes_partial" in parsed[i]) == (i >= 4) for i in range(8))
+    back = read_tfrecords(out)
+    assert back.schema().base_schema.field("bytes_partial").type == pa.binary()
+    assert sorted((r["id"], r["bytes_partial"]) for r in back.take_all()) == [tuple(r.values()) for r in rows]
+
+    # A column null in every block has no type at all: still refused, whether or not the driver
+    # knows the schema before the tasks run.
+    nulls = [{"id": i, "empty": None} for i in range(4)]
+    for nowhere in (ray.data.from_items(nulls, override_num_blocks=2),
+                    ray.data.from_items(nulls, override_num_blocks=2).map_batches(lambda b: b, batch_format="pyarrow")):
+        with pytest.raises(SchemaError, match="column 'empty': type null has no TFRecord representation"):
+            write_tfrecords(nowhere, str(tmp_path / "nulls"))
+        assert not os.path.exists(tmp_path / "nulls")
+
+
+def test_null_in_a_not_null_field_fails_the_write_and_leaves_nothing(ray_local, tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    out = str(tmp_path / "strict")
+    holes = pa.Table.from_arrays([pa.array([1, None, 3])], schema=schema)
+    with pytest.raises(SchemaError) as info:
+        write_tfrecords(ray.data.from_arrow(holes), out)
+    assert str(info.value) == (f"{out}, column 'id': row 1 of a block is null but the schema declares the field not "
+                               "nullable; fill the nulls or declare the field nullable=True")
+    assert not os.path.exists(out)
+    write_tfrecords(ray.data.from_arrow(pa.Table.from_arrays([pa.array([1, 2, 3])], schema=schema)), out)
+    assert sorted(r["id"] for r in read_tfrecords(out).take_all()) == [1, 2, 3]

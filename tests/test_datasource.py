@@ -486,3 +486,29 @@ def test_empty_listing_is_an_error(ray_local, tmp_path):
     (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
     with pytest.raises(ValueError, match="No TFRecord files"):
         read_tfrecords(str(tmp_path / "empty"))
+
+
+def test_missing_feature_in_a_not_null_field_is_a_decode_error(ray_local, tmp_path):
+    from ray_tfrecord import DecodeError
+
+    path = str(tmp_path / "labels.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(3):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            if i != 1:
+                feature["label"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[7]))
+            record = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            w.write(record)
+    # Record 1's header sits after record 0 (16 framing bytes plus its payload).
+    first = tf.train.Example(features=tf.train.Features(feature={
+        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[0])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[7]))})).ByteSize()
+    strict = pa.schema([pa.field("id", pa.int64()), pa.field("label", pa.int64(), nullable=False)])
+    with pytest.raises(DecodeError) as info:
+        read_tfrecords(path, schema=strict).take_all()
+    assert str(info.value) == (f"{path}, offset {16 + first}, column 'label': the record lacks this feature but the "
+                               "schema declares the field not nullable; declare it nullable=True or write the "
+                               "feature in every record")
+    loose = pa.schema([pa.field("id", pa.int64()), pa.field("label", pa.int64())])
+    rows = sorted(read_tfrecords(path, schema=loose).take_all(), key=lambda r: r["id"])
+    assert [r["label"] for r in rows] == [7, None, 7]

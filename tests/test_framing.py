@@ -149,6 +149,19 @@ def test_length_claiming_far_more_than_the_file_reads_nothing_more():
     assert Counting.asked < 1 << 20
 
 
+@pytest.mark.parametrize("past", [0, 1, 16, 1000])
+@pytest.mark.parametrize("resync", [False, True])
+def test_start_at_or_past_the_end_yields_nothing(tmp_path, past, resync):
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for r in (b"", b"a", b"bc"):
+            w.write(r)
+    size = len(open(path, "rb").read())
+    with open(path, "rb") as f:
+        f.seek(size + past)
+        assert list(iter_chunks(f, path=path, start=size + past, size=size, resync=resync)) == []
+
+
 def test_scan_reports_every_defect_kind():
     good = frame_records([b"abc"])
     (short,) = _native.scan(good[:5], final=True).errors
