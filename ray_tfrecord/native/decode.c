@@ -93,19 +93,16 @@ static int push_i32(Ctx *c, Buf *b, int64_t v, int ci) {
 
 /* A FeatureList (SequenceExample feature_lists value) into a list<list<T>> column. */
 static int feature_list_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end) {
-    while (p < end) {
-        const uint8_t *vs, *ve;
-        uint32_t f;
-        int wt;
-        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
-        if (f != 1 || wt != 2) continue;
+    const uint8_t *vs, *ve;
+    int rc;
+    while ((rc = next_list_feature(c, &p, end, ci, &vs, &ve)) > 0) {
         int64_t n;
         if (feature_values(c, cs, ci, vs, ve, &n)) return -1;
         Col *col = &cs->cols[ci];
         col->ninner++;
         if (push_i32(c, &col->inner, col->nvals, ci)) return -1;
     }
-    return 0;
+    return rc;
 }
 
 /* A Features or FeatureLists map; features outside the schema are skipped. */

@@ -39,16 +39,13 @@ static int count_feature(Ctx *c, Stats *st, int ci, const uint8_t *p, const uint
 }
 
 static int count_feature_list(Ctx *c, Stats *st, int ci, const uint8_t *p, const uint8_t *end) {
-    while (p < end) {
-        const uint8_t *vs, *ve;
-        uint32_t f;
-        int wt;
-        if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
-        if (f != 1 || wt != 2) continue;
+    const uint8_t *vs, *ve;
+    int rc;
+    while ((rc = next_list_feature(c, &p, end, ci, &vs, &ve)) > 0) {
         if (count_feature(c, st, ci, vs, ve)) return -1;
         st->cols[ci].nsteps++;
     }
-    return 0;
+    return rc;
 }
 
 static int inspect_map(Ctx *c, Stats *st, const uint8_t *p, const uint8_t *end, int section) {

@@ -288,6 +288,19 @@ static inline int feature_collect(Ctx *c, const Feature *ft, const uint8_t *end,
     return 0;
 }
 
+/* The next Feature of a FeatureList (its repeated field 1; other fields are skipped): 1 with
+ * [*vs, *ve) set, 0 at the end, -1 on error. Decode and inspect walk feature lists with it. */
+static inline int next_list_feature(Ctx *c, const uint8_t **pp, const uint8_t *end, int ci,
+                                     const uint8_t **vs, const uint8_t **ve) {
+    while (*pp < end) {
+        uint32_t f;
+        int wt;
+        if (rd_field(c, pp, end, &f, &wt, vs, ve, ci)) return -1;
+        if (f == 1 && wt == 2) return 1;
+    }
+    return 0;
+}
+
 /* One entry (key = 1, value = 2) of a Features or FeatureLists map. */
 typedef struct {
     const uint8_t *at; /* the entry's body, for error offsets */
