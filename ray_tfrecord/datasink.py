@@ -290,7 +290,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         """Tasks write a null-typed block column as missing features, since another block may give it
         a type; a column null-typed in every block (and not recorded before) has none, so the
         write fails before any file moves, as it does on the driver when the schema is known."""
-        written = [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
+        written = _written_schemas(write_result)
         typed = {f.name for s in written + [self._recorded or pa.schema([])] for f in s if not pa.types.is_null(f.type)}
         for s in written:
             for f in s:
@@ -305,7 +305,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         types, or when appending to files whose schema was not recorded.
         """
         merged = read_stored_schema(self._fs, self._path) if appended_to_data else None
-        written = [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
+        written = _written_schemas(write_result)
         if merged is not None or not appended_to_data:
             try:
                 for schema in written:
@@ -510,6 +510,11 @@ def _dataset_exists(fs: pafs.FileSystem, path: str) -> bool:
         return False
     entries = fs.get_file_info(pafs.FileSelector(path))
     return any(posixpath.basename(e.path) != STAGING_DIR for e in entries)
+
+
+def _written_schemas(write_result: WriteResult[Dict[str, Any]]) -> List[pa.Schema]:
+    """The record schemas every write task reported, in task order."""
+    return [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
 
 
 def _list_old_files(fs: pafs.FileSystem, path: str) -> List[str]:
