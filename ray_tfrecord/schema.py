@@ -3,9 +3,12 @@
 Rules (a sample never silently changes what the data means):
 
 - ``int64_list`` -> ``int64``, ``float_list`` -> ``float32``, ``bytes_list`` -> ``binary``.
-- A feature is a scalar only if every sampled record holds exactly one value; otherwise
-  ``list<T>`` (missing -> null). With ``fixed_size_lists=True``, a feature with the same number
-  (> 1) of values in every sampled record becomes ``fixed_size_list<T>[n]``.
+- Absence does not vote (as in Spark-TFRecord): a feature is a scalar when every sampled record
+  that holds it holds exactly one value, ``list<T>`` otherwise; records that lack it read as
+  null either way. A record holding it with no values (``int64_list {}``, or a ``Feature`` with
+  no kind) holds it, so the column is a list. With ``fixed_size_lists=True``, a feature with the
+  same number (> 1) of values in every sampled record that holds it becomes
+  ``fixed_size_list<T>[n]``.
 - SequenceExample ``feature_lists`` -> ``list<list<T>>``.
 - Kinds never merge: a feature that is ``int64_list`` in one record and ``float_list`` in another
   is a :class:`~ray_tfrecord.errors.SchemaError` naming both records.
@@ -100,7 +103,6 @@ class _Stats:
     section: Section
     kind: Kind
     kind_place: tuple[str, int] | None
-    present: int = 0
     min_count: int = 1 << 62
     max_count: int = -1
 
@@ -129,9 +131,7 @@ def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Examp
     if rtype == RecordTypeCode.BYTE_ARRAY:
         return BYTE_ARRAY_SCHEMA
     stats: dict[tuple[Section, bytes], _Stats] = {}
-    total = 0
     for chunk in chunks:
-        total += len(chunk)
         for col in _inspect(chunk, rtype):
             section, kind = Section(col.section), Kind(col.kind)
             s = stats.get((section, col.name))
@@ -143,7 +143,6 @@ def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Examp
             elif kind != Kind.NONE and kind != s.kind:
                 raise SchemaError(f"feature is {_KIND_NAMES[kind]} in {_place(place)} but {_KIND_NAMES[s.kind]} in "
                                   f"{_place(s.kind_place)}; kinds never merge", column=_name(col.name))
-            s.present += col.present
             s.min_count = min(s.min_count, col.min_count)
             s.max_count = max(s.max_count, col.max_count)
     fields = []
@@ -154,7 +153,7 @@ def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Examp
             raise SchemaError("name is both a context feature and a feature_list; Arrow columns need distinct names",
                               column=name)
         names[name] = section
-        fields.append(pa.field(name, _type(s, total, fixed_size_lists)))
+        fields.append(pa.field(name, _type(s, fixed_size_lists)))
     return pa.schema(fields)
 
 
@@ -165,12 +164,14 @@ def _name(raw: bytes) -> str:
         raise SchemaError(f"feature name {raw!r} is not UTF-8") from None
 
 
-def _type(s: _Stats, total: int, fixed_size_lists: bool) -> pa.DataType:
+def _type(s: _Stats, fixed_size_lists: bool) -> pa.DataType:
+    # The native counts cover only the records that hold the feature: a record lacking it is null
+    # whatever the shape, so it does not decide the shape.
     leaf = pa.null() if s.kind == Kind.NONE else _NATIVE_LEAF[s.kind]
     if s.section == Section.FEATURE_LISTS:
         return pa.list_(pa.list_(leaf))
-    if s.kind != Kind.NONE and s.present == total and s.min_count == s.max_count == 1:
+    if s.kind != Kind.NONE and s.min_count == s.max_count == 1:
         return leaf
-    if fixed_size_lists and s.kind != Kind.NONE and s.present == total and s.min_count == s.max_count > 1:
+    if fixed_size_lists and s.kind != Kind.NONE and s.min_count == s.max_count > 1:
         return pa.list_(leaf, s.max_count)
     return pa.list_(leaf)
