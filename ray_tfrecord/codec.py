@@ -31,13 +31,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _native, options
+from . import _decimal, _native, options
 from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import RecordChunk
@@ -75,7 +75,7 @@ def _is_bytes(t: pa.DataType) -> bool:
 def _leaf_kind(t: pa.DataType) -> Kind | None:
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         return Kind.INT64
-    if pa.types.is_floating(t):
+    if pa.types.is_floating(t) or _decimal.is_decimal(t):
         return Kind.FLOAT
     if _is_bytes(t):
         return Kind.BYTES
@@ -180,6 +180,11 @@ def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
     if isinstance(field.type, pa.ExtensionType):
         storage = _cast(arr, pa.field(field.name, field.type.storage_type), chunk)
         return pa.ExtensionArray.from_storage(field.type, storage)
+    leaf = _leaf_type(field.type)
+    if _decimal.is_decimal(leaf):
+        arr = _decimals(arr, leaf, chunk, field.name)
+        if arr.type == field.type:
+            return arr
     try:
         return arr.cast(field.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -187,6 +192,50 @@ def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
         offset = chunk.offset(row) if row is not None else None
         raise DecodeError(f"cannot convert {arr.type} to {field.type}: {e}", path=chunk.path, offset=offset,
                           column=field.name) from None
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    while _is_var_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
+
+
+def _decimals(arr: pa.Array, t: pa.DataType, chunk: RecordChunk, column: str) -> pa.Array:
+    """A decoded float32 column (scalar or nested lists) with its values as decimals of type ``t``."""
+    out, row, value = _decimal_leaf(arr, t)
+    if row is None:
+        return out
+    if not np.isfinite(value):
+        msg = f"float_list value {np.float32(value)} has no decimal form; read the column as float32"
+    else:
+        need = _decimal.digits(value, t.scale)
+        wide = pa.decimal128 if need <= 38 else pa.decimal256
+        fix = f"ask for {wide(need, t.scale)} in the schema" if need <= 76 else "read the column as float32"
+        msg = (f"float_list value {np.float32(value)} has {need} digits at scale {t.scale} (rounded half to even), "
+               f"more than {t} holds; {fix}")
+    raise DecodeError(msg, path=chunk.path, offset=chunk.offset(row), column=column)
+
+
+def _decimal_leaf(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, int | None, float]:
+    """(``arr`` with decimal leaves, the first row holding a value with no ``t`` form or None, that value)."""
+    if pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        child, bad, value = _decimal_leaf(arr.values, t)
+        if pa.types.is_list(arr.type):
+            new_type, nbufs = pa.list_(child.type), 2
+            if bad is not None:
+                offsets = np.frombuffer(arr.buffers()[1], np.int32, count=arr.offset + len(arr) + 1)
+                bad = int(np.searchsorted(offsets, bad, "right")) - 1 - arr.offset
+        else:
+            new_type, nbufs = pa.list_(child.type, arr.type.list_size), 1
+            bad = None if bad is None else bad // arr.type.list_size - arr.offset
+        out = pa.Array.from_buffers(new_type, len(arr), arr.buffers()[:nbufs], null_count=arr.null_count,
+                                    offset=arr.offset, children=[child])
+        return out, bad, value
+    out, bad = _decimal.from_float32(arr, t)
+    if not bad.any():
+        return out, None, 0.0
+    i = _first_true(pa.array(bad))
+    return out, i, arr[i].as_py()
 
 
 def _first_bad_row(arr: pa.Array, t: pa.DataType) -> int | None:
@@ -244,8 +293,8 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
     """Raise :class:`SchemaError` (naming column and type) if ``schema`` cannot be written.
 
     Call it before writing anything, so a bad column fails the write at the start, not midway.
-    ``float64`` columns pass here, since the type alone does not tell (0.5 is exact in float32, 0.1
-    is not): their values are checked when encoded unless ``allow_float64_narrowing``.
+    ``float64`` and decimal columns pass here, since the type alone does not tell (0.5 is exact in
+    float32, 0.1 is not): their values are checked when encoded unless narrowing is allowed.
     """
     rtype = record_type_code(record_type)
     if rtype == RecordTypeCode.BYTE_ARRAY:
@@ -264,8 +313,10 @@ def _first_true(mask: pa.Array) -> int:
     return int(pc.index(mask, True).as_py())
 
 
-def _leaf_values(leaf: pa.Array, kind: Kind, column: str, allow_float64_narrowing: bool) -> tuple:
-    """(values, data) buffers of a leaf array in the encoder's canonical layout."""
+def _leaf_values(leaf: pa.Array, kind: Kind, column: str, narrowing: _Narrowing,
+                 row_of: Callable[[int], int] = int) -> tuple:
+    """(values, data) buffers of a leaf array in the encoder's canonical layout; ``row_of`` maps a
+    leaf element to its row, for messages."""
     t = leaf.type
     if kind == Kind.NULL:
         return None, None
@@ -285,8 +336,10 @@ def _leaf_values(leaf: pa.Array, kind: Kind, column: str, allow_float64_narrowin
                                 "int64_list", column=column)
         leaf = leaf.cast(pa.int64())
         dtype = np.int64
+    elif _decimal.is_decimal(t):
+        return _decimal_values(leaf, column, narrowing.decimal, row_of), None
     else:
-        if pa.types.is_float64(t) and not allow_float64_narrowing:
+        if pa.types.is_float64(t) and not narrowing.float64:
             narrow = leaf.cast(pa.float32(), safe=False)
             exact = pc.or_(pc.equal(narrow.cast(pa.float64()), leaf), pc.is_nan(leaf))
             if len(leaf) and not pc.all(exact).as_py():
@@ -298,6 +351,19 @@ def _leaf_values(leaf: pa.Array, kind: Kind, column: str, allow_float64_narrowin
         leaf = leaf.cast(pa.float32(), safe=False)
         dtype = np.float32
     return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None
+
+
+def _decimal_values(leaf: pa.Array, column: str, allow_decimal_narrowing: bool,
+                    row_of: Callable[[int], int]) -> np.ndarray:
+    values, inexact = _decimal.to_float32(leaf)
+    if not allow_decimal_narrowing and inexact.any():
+        i = int(np.flatnonzero(inexact)[0])
+        back = _decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0][0].as_py()
+        raise TFRecordError(f"decimal value {leaf[i].as_py()} (row {row_of(i)}) has no exact float32 form, TFRecord's "
+                            f"only float type (it would read back as {back}); pass "
+                            "allow_decimal_narrowing=True (CLI: --allow-decimal-narrowing) to round it, or cast the "
+                            "column to float32", column=column)
+    return values
 
 
 def _offsets(arr: pa.Array) -> np.ndarray:
@@ -312,54 +378,78 @@ def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -
                             "written as a missing feature)", column=column)
 
 
-def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, allow_float64_narrowing: bool) -> EncodeColumn:
+class _Narrowing(NamedTuple):
+    """Which lossy conversions to float32 the caller allowed."""
+
+    float64: bool = False
+    decimal: bool = False
+
+
+def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
+    """Maps an element of a list column's leaf values to its row; ``levels``: the offsets from the
+    rows down, as the encoder has them."""
+    def row(i: int) -> int:
+        for offsets in reversed(levels):
+            i = int(np.searchsorted(offsets, i, "right")) - 1
+        return i
+    return row
+
+
+def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Narrowing) -> EncodeColumn:
     kind, shape, n = _column_spec(f, record_type)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None
     rowoff = inner = None
+    row_of = int
     if shape == Shape.SCALAR:
         leaf = arr
     elif shape == Shape.FIXED:
         leaf = arr.values
         rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
+        row_of = _row_of(rowoff)
         shape = Shape.LIST
     else:
         rowoff = _offsets(arr)
         leaf = arr.values
+        row_of = _row_of(rowoff)
         if shape == Shape.SEQUENCE:
             steps = leaf
             _no_nulls_between(steps, int(rowoff[0]), int(rowoff[-1]), f.name, "inner list")
             inner = _offsets(steps)
             leaf = steps.values
+            row_of = _row_of(rowoff, inner)
             lo, hi = (int(inner[rowoff[0]]), int(inner[rowoff[-1]])) if len(arr) else (0, 0)
         else:
             lo, hi = (int(rowoff[0]), int(rowoff[-1])) if len(arr) else (0, 0)
         _no_nulls_between(leaf, lo, hi, f.name, "list element")
-    vals, data = _leaf_values(leaf, kind, f.name, allow_float64_narrowing)
+    vals, data = _leaf_values(leaf, kind, f.name, narrowing, row_of)
     return EncodeColumn(f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
 
 
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
-           allow_float64_narrowing: bool = False) -> EncodedRecords:
+           allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
     """Encode every row of ``batch`` as one framed record (CRCs included).
 
     Null cells become missing features. Raises :class:`SchemaError` for a column type with no
-    TFRecord form, :class:`TFRecordError` for values that cannot be written without loss.
+    TFRecord form, :class:`TFRecordError` for values that cannot be written without loss:
+    ``float64`` and decimal values with no exact float32 form, unless
+    ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
+    nearest float32).
     """
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
             [], schema=batch.schema)
     check_encodable(batch.schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
     rtype = record_type_code(record_type)
+    narrowing = _Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
     if rtype == RecordTypeCode.BYTE_ARRAY:
         arr = batch.column(0)
         if arr.null_count:
             raise TFRecordError(f"null record at row {_first_true(arr.is_null())}", column=batch.schema[0].name)
-        vals, data = _leaf_values(arr, Kind.BYTES, batch.schema[0].name, False)
+        vals, data = _leaf_values(arr, Kind.BYTES, batch.schema[0].name, narrowing)
         cols = [EncodeColumn(batch.schema[0].name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
     else:
-        cols = [_encode_column(f, batch.column(i), record_type, allow_float64_narrowing)
-                for i, f in enumerate(batch.schema)]
+        cols = [_encode_column(f, batch.column(i), record_type, narrowing) for i, f in enumerate(batch.schema)]
     enc = _native.encode(rtype, batch.num_rows, cols)
     return EncodedRecords(memoryview(enc.data), np.frombuffer(enc.offsets, np.int64))
