@@ -176,6 +176,7 @@ def _cmd_convert(args) -> int:
         mode=args.mode,
         max_rows_per_file=args.max_rows_per_file,
         allow_float64_narrowing=args.allow_float64_narrowing,
+        allow_decimal_narrowing=args.allow_decimal_narrowing,
     )
     if result.skipped:
         print(f"{args.dst} exists; nothing written (mode=ignore)")
@@ -245,6 +246,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rows-per-file", type=int, help="start a new file after this many rows")
     p.add_argument("--allow-float64-narrowing", action="store_true",
                    help="write float64 columns as float32 (TFRecord has no float64)")
+    p.add_argument("--allow-decimal-narrowing", action="store_true",
+                   help="write decimals with no exact float32 form as the nearest float32")
     p.set_defaults(fn=_cmd_convert)
     return parser
 

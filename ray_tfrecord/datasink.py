@@ -105,6 +105,7 @@ class _WriteConfig:
     target_file_size: Optional[int]
     write_index: bool
     allow_float64_narrowing: bool
+    allow_decimal_narrowing: bool
     max_open_files: int
 
     @property
@@ -142,6 +143,8 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             can split it.
         allow_float64_narrowing: Write ``float64`` columns as TFRecord's float32
             (lossy) instead of refusing them.
+        allow_decimal_narrowing: Write decimal values that have no exact float32 form
+            as the nearest float32 (lossy) instead of refusing them.
     """
 
     # Open files per write task; beyond it the least recently used one is closed
@@ -161,6 +164,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         target_file_size: Optional[int] = None,
         write_index: bool = True,
         allow_float64_narrowing: bool = False,
+        allow_decimal_narrowing: bool = False,
     ):
         mode = SaveMode(options.mode(mode))
         options.compression(compression)
@@ -185,6 +189,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             target_file_size=target_file_size,
             write_index=write_index and compression is None,
             allow_float64_narrowing=allow_float64_narrowing,
+            allow_decimal_narrowing=allow_decimal_narrowing,
             max_open_files=self._MAX_OPEN_FILES,
         )
         self._started = False
@@ -459,7 +464,8 @@ class _TaskFiles:
     def write(self, part_dir: str, batch: pa.RecordBatch) -> None:
         config = self._config
         max_rows, target_bytes = config.max_rows_per_file, config.target_file_size
-        encoded = encode(batch, config.record_type, allow_float64_narrowing=config.allow_float64_narrowing)
+        encoded = encode(batch, config.record_type, allow_float64_narrowing=config.allow_float64_narrowing,
+                         allow_decimal_narrowing=config.allow_decimal_narrowing)
         data = memoryview(encoded.data).cast("B")
         starts = np.asarray(encoded.offsets, dtype=np.int64)
         ends = np.append(starts[1:], len(data))
@@ -555,6 +561,7 @@ def write_tfrecords(
     target_file_size: Optional[int] = None,
     write_index: bool = True,
     allow_float64_narrowing: bool = False,
+    allow_decimal_narrowing: bool = False,
     concurrency: Optional[int] = None,
     ray_remote_args: Optional[Dict[str, Any]] = None,
 ) -> TFRecordWriteResult:
@@ -578,6 +585,7 @@ def write_tfrecords(
         target_file_size=target_file_size,
         write_index=write_index,
         allow_float64_narrowing=allow_float64_narrowing,
+        allow_decimal_narrowing=allow_decimal_narrowing,
     )
     # Settle error/ignore before executing the dataset: Ray would otherwise compute
     # the whole dataset only for the sink to refuse or drop it.
