@@ -72,7 +72,8 @@ def to_float32(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def digits(value: float, scale: int) -> int:
     """How many digits ``value`` needs at ``scale`` under the read rule (for error messages)."""
-    q = decimal.Context(prec=400).quantize(decimal.Decimal(value), decimal.Decimal(1).scaleb(-scale))
+    context = decimal.Context(prec=400, rounding=decimal.ROUND_HALF_EVEN)
+    q = context.quantize(decimal.Decimal(value), decimal.Decimal(1).scaleb(-scale))
     return max(len(q.as_tuple().digits), 1)
 
 
@@ -139,7 +140,8 @@ def _round_to_float32(nearest: np.ndarray, unscaled: np.ndarray, scale: int) -> 
     """The float32 nearest each exact ``unscaled * 10**-scale``, given ``nearest``, its float64
     rounding. Rounding twice is wrong only when the float64 lands exactly on a float32 midpoint
     the exact value is not on; those (rare) values are decided exactly."""
-    out = nearest.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range the nearest is an infinity
+        out = nearest.astype(np.float32)
     wide = np.where(np.isinf(out), np.copysign(2.0**128, nearest), out.astype(np.float64))
     toward = np.where(wide > nearest, -np.inf, np.inf).astype(np.float32)
     other = np.nextafter(out, toward)
