@@ -60,7 +60,10 @@ def to_float32(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         unscaled = small
     else:
         unscaled = _from_limbs(words)
-        nearest = (unscaled / 10**t.scale if t.scale >= 0 else unscaled * 10**-t.scale).astype(np.float64)
+        if t.scale >= 0:
+            nearest = (unscaled / 10**t.scale).astype(np.float64)
+        else:  # clipped where float64 would overflow: far beyond float32, so infinite either way
+            nearest = (unscaled * 10**-t.scale).clip(-(2**200), 2**200).astype(np.float64)
     out = _round_to_float32(nearest, unscaled, t.scale)
     back, bad = _scaled_integers(out, t.scale, t.precision)
     out[bad] = np.nextafter(out[bad], np.float32(0))
@@ -72,7 +75,7 @@ def to_float32(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def digits(value: float, scale: int) -> int:
     """How many digits ``value`` needs at ``scale`` under the read rule (for error messages)."""
-    context = decimal.Context(prec=400, rounding=decimal.ROUND_HALF_EVEN)
+    context = decimal.Context(prec=400 + abs(scale), rounding=decimal.ROUND_HALF_EVEN)
     q = context.quantize(decimal.Decimal(value), decimal.Decimal(1).scaleb(-scale))
     return max(len(q.as_tuple().digits), 1)
 
