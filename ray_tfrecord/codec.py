@@ -7,14 +7,16 @@ record or per value. Types:
 TFRecord               Arrow
 =====================  =====================================================================
 ``int64_list``         ``int64`` (scalar), ``list<int64>``, ``fixed_size_list<int64>[n]``
-``float_list``         ``float32`` (scalar), ``list<float32>``, ``fixed_size_list<float32>[n]``
+``float_list``         ``float32`` (scalar), ``list<float32>``, ``fixed_size_list<float32>[n]``;
+                       ``decimal128`` / ``decimal256`` (and lists) when the schema asks
 ``bytes_list``         ``binary`` (``string`` when the schema says so), lists of them
 ``feature_lists``      ``list<list<T>>`` (SequenceExample only)
 Feature with no kind   ``list<null>`` (only ever empty)
 =====================  =====================================================================
 
 A feature missing from a record decodes to null; present but empty, to an empty list. Other
-integer / float widths in a read schema are cast from int64 / float32 with overflow checks.
+integer / float widths in a read schema are cast from int64 / float32 with overflow checks;
+decimals follow the exact rules of :mod:`ray_tfrecord._decimal`.
 
 Example::
 
