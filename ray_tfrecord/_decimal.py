@@ -73,6 +73,15 @@ def to_float32(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return out, changed
 
 
+def text(arr: pa.Array, i: int) -> str:
+    """Element ``i`` of a decimal array, written out (for error messages; pyarrow's own
+    conversion refuses scales beyond the type's maximum precision)."""
+    k = _limbs(arr.type)
+    words = np.frombuffer(arr.buffers()[1], np.uint64, count=(arr.offset + i + 1) * k)[(arr.offset + i) * k:]
+    unscaled = int(_from_limbs(words.reshape(1, k))[0])
+    return str(decimal.Decimal(unscaled).scaleb(-arr.type.scale, context=decimal.Context(prec=200)))
+
+
 def digits(value: float, scale: int) -> int:
     """How many digits ``value`` needs at ``scale`` under the read rule (for error messages)."""
     context = decimal.Context(prec=400 + abs(scale), rounding=decimal.ROUND_HALF_EVEN)

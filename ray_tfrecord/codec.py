@@ -236,7 +236,7 @@ def _decimal_leaf(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, int | None, 
     out, bad = _decimal.from_float32(arr, t)
     if not bad.any():
         return out, None, 0.0
-    i = _first_true(pa.array(bad))
+    i = int(np.flatnonzero(bad)[0])
     return out, i, arr[i].as_py()
 
 
@@ -360,8 +360,8 @@ def _decimal_values(leaf: pa.Array, column: str, allow_decimal_narrowing: bool,
     values, inexact = _decimal.to_float32(leaf)
     if not allow_decimal_narrowing and inexact.any():
         i = int(np.flatnonzero(inexact)[0])
-        back = _decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0][0].as_py()
-        raise TFRecordError(f"decimal value {leaf[i].as_py()} (row {row_of(i)}) has no exact float32 form, TFRecord's "
+        back = _decimal.text(_decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0], 0)
+        raise TFRecordError(f"decimal value {_decimal.text(leaf, i)} (row {row_of(i)}) has no exact float32 form, TFRecord's "
                             f"only float type (it would read back as {back}); pass "
                             "allow_decimal_narrowing=True (CLI: --allow-decimal-narrowing) to round it, or cast the "
                             "column to float32", column=column)
