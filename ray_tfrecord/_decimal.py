@@ -125,7 +125,7 @@ def _to_limbs(ints: np.ndarray, k: int) -> bytes:
     out = np.empty((len(ints), k), np.uint64)
     if ints.dtype == np.int64:
         out[:, 0] = ints.view(np.uint64)
-        out[:, 1:] = np.where(ints < 0, np.uint64(_MASK), np.uint64(0))[:, None]
+        out[:, 1:] = (ints >> 63).view(np.uint64)[:, None]  # the sign extension: all ones or zeros
     else:
         for i in range(k):
             out[:, i] = ((ints >> (_LIMB * i)) & _MASK).astype(np.uint64)
@@ -135,8 +135,7 @@ def _to_limbs(ints: np.ndarray, k: int) -> bytes:
 def _fits_int64(words: np.ndarray) -> np.ndarray | None:
     """The values as int64 when every one's upper words are its sign extension, else None."""
     low = words[:, 0].view(np.int64)
-    sign = np.where(low < 0, np.uint64(_MASK), np.uint64(0))
-    return low if (words[:, 1:] == sign[:, None]).all() else None
+    return low if (words[:, 1:] == (low >> 63).view(np.uint64)[:, None]).all() else None
 
 
 def _from_limbs(words: np.ndarray) -> np.ndarray:
