@@ -43,7 +43,8 @@ def from_float32(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, np.ndarray]:
     values = np.frombuffer(arr.buffers()[1], np.float32, count=offset + n)
     unscaled, bad = _scaled_integers(values, t.scale, t.precision)
     limbs = pa.py_buffer(_to_limbs(unscaled, _limbs(t)))
-    return pa.Array.from_buffers(t, n, [arr.buffers()[0], limbs], null_count=arr.null_count, offset=offset), bad[offset:]
+    out = pa.Array.from_buffers(t, n, [arr.buffers()[0], limbs], null_count=arr.null_count, offset=offset)
+    return out, bad[offset:]
 
 
 def to_float32(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -361,8 +361,8 @@ def _decimal_values(leaf: pa.Array, column: str, allow_decimal_narrowing: bool,
     if not allow_decimal_narrowing and inexact.any():
         i = int(np.flatnonzero(inexact)[0])
         back = _decimal.text(_decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0], 0)
-        raise TFRecordError(f"decimal value {_decimal.text(leaf, i)} (row {row_of(i)}) has no exact float32 form, TFRecord's "
-                            f"only float type (it would read back as {back}); pass "
+        raise TFRecordError(f"decimal value {_decimal.text(leaf, i)} (row {row_of(i)}) has no exact float32 form, "
+                            f"TFRecord's only float type (it would read back as {back}); pass "
                             "allow_decimal_narrowing=True (CLI: --allow-decimal-narrowing) to round it, or cast the "
                             "column to float32", column=column)
     return values

@@ -29,6 +29,7 @@ from . import reference as ref
 _EXACT = decimal.Context(prec=400, rounding=decimal.ROUND_HALF_EVEN)
 _F32_OVERFLOW = Fraction(2**128 - 2**103)  # IEEE rounds a value at or beyond this to infinity
 
+SLOW_WITH_TMP_PATH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 FLOAT32 = st.one_of(st.floats(width=32), st.sampled_from([0.5, 1.5, 2.5, -2.5, 0.125, 0.375, -0.625, 1e-45]))
 
 
@@ -44,7 +45,8 @@ def decimal_types(draw):
 def decimals_of(draw, t: pa.DataType, max_size: int = 8):
     top = 10**t.precision - 1
     unscaled = st.one_of(st.integers(-top, top), st.integers(-999, 999), st.sampled_from([top, -top]))
-    return [Decimal(u).scaleb(-t.scale, context=_EXACT) for u in draw(st.lists(unscaled, min_size=1, max_size=max_size))]
+    drawn = draw(st.lists(unscaled, min_size=1, max_size=max_size))
+    return [Decimal(u).scaleb(-t.scale, context=_EXACT) for u in drawn]
 
 
 def decimal_array(ds: list[Decimal], t: pa.DataType) -> pa.Array:
@@ -194,7 +196,8 @@ def test_read_refuses_values_the_precision_cannot_hold_naming_the_precision_that
 
 def test_read_names_the_row_inside_lists_and_refuses_nan():
     payloads = [ref.encode_example({"l": ("float_list", [1.0, 2.0])}), ref.encode_example({}),
-                ref.encode_example({"l": ("float_list", [])}), ref.encode_example({"l": ("float_list", [0.5, math.nan])})]
+                ref.encode_example({"l": ("float_list", [])}),
+                ref.encode_example({"l": ("float_list", [0.5, math.nan])})]
     chunk = next(iter_chunks(io.BytesIO(frame_records(payloads)), path="n.tfrecord"))
     with pytest.raises(DecodeError) as e:
         codec.decode(chunk, pa.schema([("l", pa.list_(pa.decimal128(9, 3)))]))
@@ -227,7 +230,8 @@ def test_write_refuses_an_inexact_decimal_naming_column_row_and_both_fixes():
 
 
 def test_narrowing_keeps_what_is_written_readable_under_the_column_type():
-    batch = pa.record_batch({"x": pa.array([Decimal("9999999999"), Decimal("-9999999999"), None], pa.decimal128(10, 0))})
+    big = [Decimal("9999999999"), Decimal("-9999999999"), None]
+    batch = pa.record_batch({"x": pa.array(big, pa.decimal128(10, 0))})
     with pytest.raises(TFRecordError, match=r"decimal value 9999999999 \(row 0\)"):
         codec.encode(batch)
     got = codec.decode(chunk_of(batch, allow_decimal_narrowing=True), batch.schema).column("x").to_pylist()
@@ -242,9 +246,9 @@ def test_decimals_pass_the_type_check():
 # TensorFlow on the other side
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(values=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0**66, max_value=2.0**66),
-                       min_size=1, max_size=20), scale=st.integers(0, 18))
+@settings(max_examples=20, deadline=None, suppress_health_check=SLOW_WITH_TMP_PATH)
+@given(values=st.lists(st.floats(width=32, allow_nan=False, min_value=-2.0**66, max_value=2.0**66), min_size=1,
+                       max_size=20), scale=st.integers(0, 18))
 def test_tf_written_floats_read_as_decimals_equal_their_quantized_tf_values(tmp_path, values, scale):
     path = str(tmp_path / "tf.tfrecord")
     with tf.io.TFRecordWriter(path) as w:
@@ -261,10 +265,11 @@ def test_tf_written_floats_read_as_decimals_equal_their_quantized_tf_values(tmp_
     assert got.column("x").to_pylist() == want
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=SLOW_WITH_TMP_PATH)
 @given(st.data())
 def test_our_decimals_parse_in_tf_as_their_nearest_float32(tmp_path, data):
-    t = data.draw(st.sampled_from([pa.decimal128(6, 2), pa.decimal128(20, 6), pa.decimal128(38, 30), pa.decimal256(50, 10)]))
+    t = data.draw(st.sampled_from([pa.decimal128(6, 2), pa.decimal128(20, 6), pa.decimal128(38, 30),
+                                   pa.decimal256(50, 10)]))
     ds = data.draw(decimals_of(t, max_size=20))
     batch = pa.record_batch({"x": pa.array(ds, t), "l": pa.array([[d, d.copy_negate()] for d in ds], pa.list_(t))})
     path = str(tmp_path / "ours.tfrecord")
@@ -274,7 +279,8 @@ def test_our_decimals_parse_in_tf_as_their_nearest_float32(tmp_path, data):
     parsed = tf.io.parse_example(serialized, {"x": tf.io.FixedLenFeature([], tf.float32),
                                               "l": tf.io.FixedLenFeature([2], tf.float32)})
     for d, x, (a, b) in zip(ds, parsed["x"].numpy(), parsed["l"].numpy()):
-        assert same_bits(x, written(d, t)[0]) and same_bits(a, written(d, t)[0]) and same_bits(b, written(d.copy_negate(), t)[0])
+        want, want_negated = written(d, t)[0], written(d.copy_negate(), t)[0]
+        assert same_bits(x, want) and same_bits(a, want) and same_bits(b, want_negated)
     exact = [d for d in ds if not written(d, t)[1]]
     if exact:  # the exact ones are written without being asked and read back as themselves
         again = pa.record_batch({"x": pa.array(exact, t)})
@@ -313,5 +319,6 @@ def test_cli_convert_names_the_flag(ray_local, tmp_path, capsys):
     pq.write_table(pa.table({"amount": pa.array([Decimal("0.10"), Decimal("1234567.89")], pa.decimal128(9, 2))}), src)
     assert main(["convert", str(src), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "column 'amount': decimal value 1234567.89 (row 1)" in err and "pass --allow-decimal-narrowing to round" in err
+    assert "column 'amount': decimal value 1234567.89 (row 1)" in err
+    assert "pass --allow-decimal-narrowing to round" in err
     assert main(["convert", str(src), str(tmp_path / "out"), "--allow-decimal-narrowing"]) == 0
