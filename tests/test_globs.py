@@ -202,7 +202,7 @@ def test_hidden_names_match_only_a_literal_leading_dot_or_underscore(tree):
     assert _paths(list_files(f"{tree}/*"), tree) == [
         "date=2024-01/part-0.tf", "date=2024-01/part-1.tf", "date=2024-02/part-0.tf",
         "date=2024-03/nested/part-0.tf", "date=2024-04/part-0.tf", "other/part-0.tf"]
-    assert _paths(list_files(f"{tree}/_t*/*"), tree) == ["_tmp/part-0.tf"]
+    assert _paths(list_files(f"{tree}/_tm*/*"), tree) == ["_tmp/part-0.tf"]
     assert _paths(list_files(f"{tree}/_temporary/*/*"), tree) == ["_temporary/0/part-9.tf"]
     assert _paths(list_files(f"{tree}/date=2024-01/.*.crc"), tree) == ["date=2024-01/.part-0.tf.crc"]
 
