@@ -198,16 +198,22 @@ def _list(fs: pafs.FileSystem, directories: List[str], seen: "_Seen", *, recursi
     def entries(directory: str) -> List[pafs.FileInfo]:
         # pyarrow's local filesystem cannot list "", the current directory of a relative glob.
         where = directory or ("." if local else "")
-        found = fs.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
+        try:
+            found = fs.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
+        except NotADirectoryError:  # a file named by a literal component that a glob continues below
+            return []
         if where == "." and not directory:
             found = [pafs.FileInfo(e.path[2:], e.type, size=e.size) for e in found]
-        seen.record(directory, found, recursive=recursive)
         return found
 
     if len(directories) <= 1:
-        return [entries(d) for d in directories]
-    with ThreadPoolExecutor(min(len(directories), _LIST_THREADS)) as pool:
-        return list(pool.map(entries, directories))
+        listed = [entries(d) for d in directories]
+    else:
+        with ThreadPoolExecutor(min(len(directories), _LIST_THREADS)) as pool:
+            listed = list(pool.map(entries, directories))
+    for directory, found in zip(directories, listed):
+        seen.record(directory, found, recursive=recursive)
+    return listed
 
 
 class _Seen:

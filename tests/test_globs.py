@@ -309,6 +309,9 @@ def test_the_walk_lists_only_directories_that_can_match(tree):
     listing = list_files(f"{tree}/date=*/nested/part-0.tf", filesystem=pafs.PyFileSystem(handler))
     assert _paths(listing, tree) == ["date=2024-03/nested/part-0.tf"]
     assert handler.listed == [(tree, False)]
+    # A glob below a literal component that names a file matches nothing there.
+    with pytest.raises(TFRecordError, match="no file matches this glob"):
+        list_files(f"{tree}/date=*/part-0.tf/*")
 
 
 def test_subtree_and_fsspec_filesystems(tree):
