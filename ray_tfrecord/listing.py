@@ -83,11 +83,11 @@ def list_files(
     """List the visible files under ``paths``: files, directories (read recursively) and
     Hadoop globs (:mod:`ray_tfrecord.globs`). A file matched by several paths is listed once.
 
-    Raises ``FileNotFoundError`` for a missing path and :class:`TFRecordError` for a glob that
-    matches no file (unless ``ignore_missing_paths``), :class:`TFRecordError` for a malformed
-    glob, and ``ValueError`` when no file is left to read.
+    Raises :class:`TFRecordError` for a malformed glob; ``FileNotFoundError`` for a missing
+    path and :class:`TFRecordError` for a glob that matches no file, unless
+    ``ignore_missing_paths``; ``ValueError`` when no file is left to read.
     """
-    given, fs = _compat.resolve_paths(paths, filesystem)
+    given, fs = _resolve(paths, filesystem)
     fs = _compat.retrying_filesystem(fs)
     found, roots = _expand(given, fs, ignore_missing_paths)
     if not found:
@@ -114,6 +114,16 @@ def list_files(
     )
     files = [DataFile(f.path, f.size, parts, f.has_index) for f, parts in zip(found, partitions)]
     return Listing(files, partition_schema, fs, roots)
+
+
+def _resolve(paths: Union[str, List[str]], filesystem: Optional[pafs.FileSystem]) -> Tuple[List[str], pafs.FileSystem]:
+    """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
+    empty URL query) is dropped, which in a glob is a wildcard."""
+    raw = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    resolved, fs = _compat.resolve_paths(raw, filesystem)
+    if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
+        resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
+    return resolved, fs
 
 
 class _Found(NamedTuple):
