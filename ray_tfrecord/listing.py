@@ -146,7 +146,8 @@ def _expand(paths: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> Tupl
             matches = _glob_files(glob, fs, seen)
             if not matches and not ignore_missing:
                 raise _no_match(glob, fs)
-            root = dataset_root(posixpath.join(glob.base, ""))
+            # A relative glob starting with a wildcard: its root is the current directory.
+            root = dataset_root(posixpath.join(glob.base, "")) or _current(fs)
             roots.append(root)
             for p, size in matches:
                 found.setdefault(p, (size, True, root))
@@ -203,16 +204,14 @@ def _walk(components: Tuple[Component, ...], fs: pafs.FileSystem, seen: "_Seen")
 def _list(fs: pafs.FileSystem, directories: List[str], seen: "_Seen", *, recursive: bool) -> List[List[pafs.FileInfo]]:
     """The entries of each directory (a missing one has none), listed concurrently: on an
     object store each listing is a round trip."""
-    local = _compat.unwrap_filesystem(fs).type_name == "local"
 
     def entries(directory: str) -> List[pafs.FileInfo]:
-        # pyarrow's local filesystem cannot list "", the current directory of a relative glob.
-        where = directory or ("." if local else "")
+        where = directory or _current(fs)
         try:
             found = fs.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
         except NotADirectoryError:  # a file named by a literal component that a glob continues below
             return []
-        if where == "." and not directory:
+        if where != directory:  # "./x" is "x", as the relative glob's other paths are written
             found = [pafs.FileInfo(e.path[2:], e.type, size=e.size) for e in found]
         return found
 
@@ -279,6 +278,12 @@ def _no_match(glob: Glob, fs: pafs.FileSystem) -> TFRecordError:
         f"no file matches this glob ({where}); check the pattern, or pass ignore_missing_paths=True to skip it",
         path=glob.pattern,
     )
+
+
+def _current(fs: pafs.FileSystem) -> str:
+    """The current directory: pyarrow's local filesystem cannot list or join "", others
+    (a ``SubTreeFileSystem``) take "" as their root."""
+    return "." if _compat.unwrap_filesystem(fs).type_name == "local" else ""
 
 
 def _child(directory: str, name: str) -> str:

@@ -21,6 +21,7 @@ from ray_tfrecord import TFRecordError, read_tfrecords, write_tfrecords
 from ray_tfrecord.globs import is_glob, parse_glob
 from ray_tfrecord.index import index_path
 from ray_tfrecord.listing import list_files
+from ray_tfrecord.schema import read_stored_schema
 from tests.test_s3 import BUCKET, s3  # noqa: F401 (the moto S3 fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -435,6 +436,16 @@ def test_glob_over_our_dataset_restores_the_recorded_schema(ray_local, tmp_path)
     # And TensorFlow parses every file the glob matched.
     for f in listing.files:
         assert sum(1 for _ in tf.data.TFRecordDataset(f.path)) == 5
+
+
+def test_a_relative_glob_finds_the_recorded_schema_in_the_current_directory(ray_local, tmp_path, monkeypatch):
+    root = tmp_path / "rel"
+    write_tfrecords(ray.data.from_items([{"day": d, "word": "w"} for d in (1, 2)]), str(root), partition_cols=["day"])
+    monkeypatch.chdir(root)
+    listing = list_files("day=*/*")
+    assert listing.roots == ["."]
+    assert [dict(f.partitions) for f in listing.files] == [{"day": 1}, {"day": 2}]
+    assert read_stored_schema(listing.filesystem, listing.roots[0]).field("word").type == pa.string()
 
 
 def test_cli_takes_a_quoted_glob(tf_written, tmp_path):
