@@ -85,13 +85,20 @@ def _hive_roots(data_path: str) -> List[str]:
     return roots
 
 
+def dataset_root(data_path: str) -> str:
+    """The dataset directory holding ``data_path`` (a file, or a directory written with a
+    trailing "/"): its directory less trailing Hive ``key=value`` directories, where the writer
+    puts sidecars and the recorded schema."""
+    return _hive_roots(data_path)[-1]
+
+
 def index_path(data_path: str, root: Optional[str] = None) -> str:
     """Return where the sidecar of ``data_path`` is written: ``<root>/_index.<relative path>``.
 
     ``root`` is the dataset directory holding ``data_path`` at any depth; by default the
     file's directory less its trailing Hive ``key=value`` directories.
     """
-    root = (_hive_roots(data_path)[-1] if root is None else root).rstrip("/")
+    root = (dataset_root(data_path) if root is None else root).rstrip("/")
     relative = posixpath.relpath(data_path, root)
     if relative.startswith("../"):
         raise ValueError(f"{data_path} is not under {root}")

@@ -6,6 +6,14 @@ Paths are resolved like every Ray reader's; directories are listed recursively w
 files and this package's ``_index.*`` sidecars). ``partition_filter`` and
 ``file_extensions`` are then applied, so a pruned file is never opened.
 
+A path that does not exist as written but holds a glob character is a Hadoop glob
+(:mod:`ray_tfrecord.globs`). It is walked from its base directory (the components before the
+first wildcard), listing one level per wildcard component, only in directories that matched so
+far: on S3 a glob lists its prefix, never the bucket. A matched directory is read recursively,
+like a directory path. The glob's dataset root is its base directory less trailing
+``key=value`` directories: its files' partition values are read below it, and the schema
+``write_tfrecords`` recorded there is found.
+
 Example::
 
     >>> from ray_tfrecord.listing import list_files
@@ -17,18 +25,25 @@ Example::
 
 from __future__ import annotations
 
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import List, Optional, Set, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from ray.data.datasource import Partitioning, PathPartitionFilter
 
 from ray_tfrecord import _compat
-from ray_tfrecord.index import index_candidates, is_index_path
+from ray_tfrecord.errors import TFRecordError
+from ray_tfrecord.globs import Component, Glob, is_glob, parse_glob
+from ray_tfrecord.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord.partitioning import PartitionValues, parse_partitions
 
 __all__ = ["DataFile", "Listing", "list_files"]
+
+# Directories listed at once (each listing is a round trip on an object store).
+_LIST_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,9 @@ class Listing:
     files: List[DataFile]
     partition_schema: pa.Schema  # the partition columns, typed from every file's values
     filesystem: pafs.FileSystem  # resolved from the paths, retrying transient errors
-    roots: List[str]  # the paths as given, resolved
+    # The dataset roots, each once: a file or directory path as given (resolved), a glob's
+    # base directory less trailing ``key=value`` directories.
+    roots: List[str]
 
 
 def list_files(
@@ -63,65 +80,223 @@ def list_files(
     partitioning: Optional[Partitioning] = Partitioning("hive"),
     partition_filter: Optional[PathPartitionFilter] = None,
 ) -> Listing:
-    """List the visible files under ``paths`` (files, or directories read recursively).
+    """List the visible files under ``paths``: files, directories (read recursively) and
+    Hadoop globs (:mod:`ray_tfrecord.globs`). A file matched by several paths is listed once.
 
-    Raises ``FileNotFoundError`` for a missing path (unless ``ignore_missing_paths``) and
-    ``ValueError`` when no file is left to read.
+    Raises :class:`TFRecordError` for a malformed glob; ``FileNotFoundError`` for a missing
+    path and :class:`TFRecordError` for a glob that matches no file, unless
+    ``ignore_missing_paths``; ``ValueError`` when no file is left to read.
     """
-    roots, fs = _compat.resolve_paths(paths, filesystem)
+    given, fs = _resolve(paths, filesystem)
     fs = _compat.retrying_filesystem(fs)
-    found = _expand(roots, fs, ignore_missing_paths)
+    found, roots = _expand(given, fs, ignore_missing_paths)
     if not found:
         raise ValueError(
             f"No TFRecord files found under {roots}. Note that names starting "
             "with '.' or '_' are skipped."
         )
     if partition_filter is not None:
-        keep = set(partition_filter([p for p, _, _ in found]))
-        found = [f for f in found if f[0] in keep]
+        keep = set(partition_filter([f.path for f in found]))
+        found = [f for f in found if f.path in keep]
         if not found:
             raise ValueError(
                 "No input files left after applying 'partition_filter'. "
                 "Please double check that it is set properly."
             )
     if file_extensions is not None:
-        found = [f for f in found if _compat.has_file_extension(f[0], file_extensions)]
+        found = [f for f in found if _compat.has_file_extension(f.path, file_extensions)]
         if not found:
             raise ValueError(f"No input files found with the file extensions {file_extensions}.")
-    partition_schema, partitions = parse_partitions([p for p, _, _ in found], partitioning)
-    files = [DataFile(p, size, parts, has_index) for (p, size, has_index), parts in zip(found, partitions)]
+    # A glob's files are partitioned below its dataset root, unless the caller set a base_dir.
+    below_root = partitioning is not None and not partitioning.base_dir
+    partition_schema, partitions = parse_partitions(
+        [_below(f.path, f.root) if below_root else f.path for f in found], partitioning
+    )
+    files = [DataFile(f.path, f.size, parts, f.has_index) for f, parts in zip(found, partitions)]
     return Listing(files, partition_schema, fs, roots)
+
+
+def _resolve(paths: Union[str, List[str]], filesystem: Optional[pafs.FileSystem]) -> Tuple[List[str], pafs.FileSystem]:
+    """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
+    empty URL query) is dropped, which in a glob is a wildcard."""
+    raw = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    resolved, fs = _compat.resolve_paths(raw, filesystem)
+    if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
+        resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
+    return resolved, fs
+
+
+class _Found(NamedTuple):
+    path: str
+    size: int
+    has_index: Optional[bool]
+    root: Optional[str]  # the directory the partition values are read below; None: the whole path
+
+
+def _expand(paths: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> Tuple[List[_Found], List[str]]:
+    """The files each path names, in the order of the paths (sorted within a directory or a
+    glob), each once; and the dataset roots."""
+    seen = _Seen()
+    found: Dict[str, Tuple[int, bool, Optional[str]]] = {}  # path: (size, listed, partition root)
+    roots: List[str] = []
+    for path, info in zip(paths, fs.get_file_info(paths)):
+        # A path that exists as written is literal, even with glob characters in its name.
+        if info.type == pafs.FileType.NotFound and is_glob(path):
+            glob = parse_glob(path)
+            matches = _glob_files(glob, fs, seen)
+            if not matches and not ignore_missing:
+                raise _no_match(glob, fs)
+            # A relative glob starting with a wildcard: its root is the current directory.
+            root = dataset_root(posixpath.join(glob.base, "")) or _current(fs)
+            roots.append(root)
+            for p, size in matches:
+                found.setdefault(p, (size, True, root))
+        elif info.type == pafs.FileType.File:
+            roots.append(path)
+            found.setdefault(path, (info.size, False, None))
+        elif info.type == pafs.FileType.Directory:
+            roots.append(path)
+            for p, size in _visible_files(path, _list(fs, [path], seen, recursive=True)[0]):
+                found.setdefault(p, (size, True, None))
+        elif not ignore_missing:
+            raise FileNotFoundError(f"No such file or directory: {path}")
+        else:
+            roots.append(path)
+    files = [_Found(p, size, seen.has_index(p) if listed else None, root)
+             for p, (size, listed, root) in found.items()]
+    return files, list(dict.fromkeys(roots))
+
+
+def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: "_Seen") -> List[Tuple[str, int]]:
+    """``(path, size)`` of the files ``glob`` matches and of the visible files under the
+    directories it matches, sorted."""
+    matched = [info for branch in glob.branches for info in _walk(branch, fs, seen)]
+    files = {info.path: info.size for info in matched if info.is_file}
+    directories = sorted({info.path for info in matched if info.type == pafs.FileType.Directory})
+    for directory, entries in zip(directories, _list(fs, directories, seen, recursive=True)):
+        files.update(_visible_files(directory, entries))
+    return sorted(files.items())
+
+
+def _walk(components: Tuple[Component, ...], fs: pafs.FileSystem, seen: "_Seen") -> List[pafs.FileInfo]:
+    """What the component patterns match, walking down from their literal prefix: each
+    pattern lists the directories the components before it matched, one level each."""
+    literal = next((k for k, c in enumerate(components) if not isinstance(c, str)), len(components))
+    start = list(components[:literal])
+    frontier = ["/" + "/".join(start[1:]) if start[:1] == [""] else "/".join(start)]
+    matched: Optional[List[pafs.FileInfo]] = None
+    for k in range(literal, len(components)):
+        component = components[k]
+        if isinstance(component, str):
+            frontier, matched = [_child(d, component) for d in frontier], None
+            continue
+        last = k == len(components) - 1
+        matched = [
+            e for entries in _list(fs, frontier, seen, recursive=False) for e in entries
+            if component.fullmatch(_name(e.path)) and (last or e.type == pafs.FileType.Directory)
+        ]
+        frontier = [e.path for e in matched]
+    if matched is None:  # the pattern ends with literal components: look them up
+        matched = [i for i in fs.get_file_info(frontier) if i.type != pafs.FileType.NotFound]
+    return matched
+
+
+def _list(fs: pafs.FileSystem, directories: List[str], seen: "_Seen", *, recursive: bool) -> List[List[pafs.FileInfo]]:
+    """The entries of each directory (a missing one has none), listed concurrently: on an
+    object store each listing is a round trip."""
+
+    def entries(directory: str) -> List[pafs.FileInfo]:
+        where = directory or _current(fs)
+        try:
+            found = fs.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
+        except NotADirectoryError:  # a file named by a literal component that a glob continues below
+            return []
+        if where != directory:  # "./x" is "x", as the relative glob's other paths are written
+            found = [pafs.FileInfo(e.path[2:], e.type, size=e.size) for e in found]
+        return found
+
+    if len(directories) <= 1:
+        listed = [entries(d) for d in directories]
+    else:
+        with ThreadPoolExecutor(min(len(directories), _LIST_THREADS)) as pool:
+            listed = list(pool.map(entries, directories))
+    for directory, found in zip(directories, listed):
+        seen.record(directory, found, recursive=recursive)
+    return listed
+
+
+class _Seen:
+    """The directories whose listings were seen, and the index sidecars in them: whether a
+    file has a sidecar is then known without another request."""
+
+    def __init__(self) -> None:
+        self._sidecars: Set[str] = set()
+        self._directories: Set[str] = set()  # listed one level
+        self._trees: Set[str] = set()  # listed recursively
+
+    def record(self, directory: str, entries: List[pafs.FileInfo], *, recursive: bool) -> None:
+        (self._trees if recursive else self._directories).add(directory.rstrip("/") or directory)
+        self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
+
+    def has_index(self, path: str) -> Optional[bool]:
+        """True or False when the listings show it, None when a sidecar could sit in a
+        directory that was not listed (a dataset root above the paths given)."""
+        candidates = index_candidates(path)
+        if any(c in self._sidecars for c in candidates):
+            return True
+        return False if all(self._covers(posixpath.dirname(c)) for c in candidates) else None
+
+    def _covers(self, directory: str) -> bool:
+        if directory in self._directories:
+            return True
+        while directory not in self._trees:
+            parent = posixpath.dirname(directory)
+            if parent == directory:
+                return False
+            directory = parent
+        return True
+
+
+def _visible_files(directory: str, entries: List[pafs.FileInfo]) -> List[Tuple[str, int]]:
+    base = directory.rstrip("/") + "/"
+    return sorted(
+        (e.path, e.size)
+        for e in entries
+        if e.is_file and not _is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
+    )
 
 
 def _is_hidden(relative_path: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative_path.split("/") if part)
 
 
-def _has_index(path: str, base: str, sidecars: Set[str]) -> Optional[bool]:
-    candidates = index_candidates(path)
-    if any(c in sidecars for c in candidates):
-        return True
-    # A sidecar at a dataset root above the listed directory was not listed.
-    return None if any(not c.startswith(base) for c in candidates) else False
+def _no_match(glob: Glob, fs: pafs.FileSystem) -> TFRecordError:
+    base = glob.base or "."
+    exists = fs.get_file_info(base).type == pafs.FileType.Directory
+    where = f"listed {base.rstrip('/')}/" if exists else f"{base.rstrip('/')}/ does not exist"
+    return TFRecordError(
+        f"no file matches this glob ({where}); check the pattern, or pass ignore_missing_paths=True to skip it",
+        path=glob.pattern,
+    )
 
 
-def _expand(roots: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> List[Tuple[str, int, Optional[bool]]]:
-    """``(path, size, has_index)`` of each named file and each visible file under each named
-    directory (sorted per directory)."""
-    files: List[Tuple[str, int, Optional[bool]]] = []
-    for path, info in zip(roots, fs.get_file_info(roots)):
-        if info.type == pafs.FileType.File:
-            files.append((path, info.size, None))
-        elif info.type == pafs.FileType.Directory:
-            base = path.rstrip("/") + "/"
-            entries = [e for e in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if e.is_file]
-            sidecars = {e.path for e in entries if is_index_path(e.path)}
-            visible = sorted(
-                (e.path, e.size)
-                for e in entries
-                if not _is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
-            )
-            files.extend((p, size, _has_index(p, base, sidecars)) for p, size in visible)
-        elif not ignore_missing:
-            raise FileNotFoundError(f"No such file or directory: {path}")
-    return files
+def _current(fs: pafs.FileSystem) -> str:
+    """The current directory: pyarrow's local filesystem cannot list or join "", others
+    (a ``SubTreeFileSystem``) take "" as their root."""
+    return "." if _compat.unwrap_filesystem(fs).type_name == "local" else ""
+
+
+def _child(directory: str, name: str) -> str:
+    return f"{directory}{name}" if directory.endswith("/") or not directory else f"{directory}/{name}"
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _below(path: str, root: Optional[str]) -> str:
+    """``path`` relative to ``root`` (``path`` itself when ``root`` is None or "")."""
+    if not root:
+        return path
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path

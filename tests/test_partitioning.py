@@ -63,3 +63,12 @@ def test_a_key_missing_from_some_paths_is_null_there():
     schema, values = parse_partitions(["/r/a=1/f", "/r/b=x/f"])
     assert schema.names == ["a", "b"]
     assert values == [(("a", 1), ("b", None)), (("a", None), ("b", "x"))]
+
+
+def test_relative_paths_parse_as_their_absolute_ones():
+    # A glob's files are parsed relative to its dataset root: "run=3" above it is no column.
+    relative = ["year=2021/f", "year=2022/g", "h"]
+    schema, values = parse_partitions(relative)
+    assert schema == pa.schema([("year", pa.int64())])
+    assert values == [(("year", 2021),), (("year", 2022),), (("year", None),)]
+    assert parse_partitions([f"/d/run=3/data/{p}" for p in relative])[0].names == ["run", "year"]
