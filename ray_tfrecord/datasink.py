@@ -65,8 +65,10 @@ STAGING_DIR = "_temporary"
 
 # Input gathered per write task (so per file, unless a size/row limit cuts earlier).
 _MIN_BYTES_PER_WRITE = 128 << 20
-# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
+# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write),
 _STORE_SHARE_PER_WRITE = 16
+# ...and, for an input of known size, about a quarter of its share per CPU, down to this.
+_MIN_SPLIT_BYTES = 8 << 20
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
 
@@ -411,8 +413,9 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             target = min(target, int(resources["object_store_memory"]) // _STORE_SHARE_PER_WRITE)
         if self._input_bytes is not None and resources.get("CPU"):
             # An input smaller than a bundle per CPU would go to one task on one CPU: two bundles
-            # per CPU keep every CPU writing even when the input's blocks are of uneven sizes.
-            target = min(target, self._input_bytes // (2 * int(resources["CPU"])))
+            # per CPU keep every CPU writing even when the input's blocks are of uneven sizes. Not
+            # below _MIN_SPLIT_BYTES: a small dataset on a large cluster would become tiny files.
+            target = min(target, max(_MIN_SPLIT_BYTES, self._input_bytes // (2 * int(resources["CPU"]))))
         return max(1, target)
 
     @property
