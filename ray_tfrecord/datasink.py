@@ -542,9 +542,9 @@ class _TaskFiles:
         if number:
             where = f"directory {part_dir!r}" if part_dir else "the dataset root"
             raise TFRecordError(f"filename_provider named write task {self._task_idx}'s file {name!r}, but the task "
-                             f"writes more than one file in {where} (max_rows_per_file, target_file_size, or more "
-                             f"than {self._config.max_open_files} partitions in one task); put '{{i}}' in the name "
-                             "for the file's number within the task")
+                                f"writes more than one file in {where} (max_rows_per_file, target_file_size, or more "
+                                f"than {self._config.max_open_files} partitions in one task); put '{{i}}' in the name "
+                                "for the file's number within the task")
         return name
 
     def write(self, part_dir: str, batch: pa.RecordBatch) -> None:
@@ -595,7 +595,7 @@ def _provided_name(provider: FilenameProvider, write_uuid: str, task_idx: int) -
         name = provider.get_filename_for_task(write_uuid, task_idx)
     if not isinstance(name, str) or not name or "/" in name or name.startswith((".", "_")):
         raise TFRecordError(f"filename_provider named write task {task_idx}'s file {name!r}: a name must be a "
-                         "non-empty string without '/' that does not start with '.' or '_' (readers skip those)")
+                            "non-empty string without '/' that does not start with '.' or '_' (readers skip those)")
     return name
 
 
