@@ -512,3 +512,20 @@ def test_filename_provider_hidden_names_are_refused_and_legacy_providers_are_cal
     assert len(read_tfrecords(str(out)).take_all()) == 60
     with pytest.raises(TypeError, match="filename_provider must be a ray.data.datasource.FilenameProvider"):
         TFRecordDatasink(str(out), filename_provider=lambda uuid, i: "x")
+
+
+def test_every_varint_length_boundary_parses_in_tensorflow(ray_local, tmp_path):
+    """The encoder writes 1- and 2-byte varints and longer ones by different paths, each as whole
+    words into spare room: values on each side of every length step must come back exactly."""
+    edges = sorted({v for k in range(1, 64) for v in (2**k - 1, 2**k) if v < 2**63} | {0})
+    values = edges + [-v for v in edges if v] + [-(2**63)]
+    rows = [{"id": i, "vals": values[i:] + values[:i], "one": values[i]} for i in range(len(values))]
+    out = tmp_path / "edges"
+    write_tfrecords(ray.data.from_items(rows), str(out))
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "one": tf.io.FixedLenFeature([], tf.int64),
+            "vals": tf.io.FixedLenFeature([len(values)], tf.int64)}
+    got = {}
+    for rec in tf.data.TFRecordDataset(visible_files(out)):
+        parsed = tf.io.parse_single_example(rec, spec)
+        got[int(parsed["id"])] = (int(parsed["one"]), parsed["vals"].numpy().tolist())
+    assert got == {r["id"]: (r["one"], r["vals"]) for r in rows}
