@@ -205,6 +205,16 @@ def _compression_level(text: str) -> int:
                                          f"got {text!r}") from None
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of rows; got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     # Global options are accepted before and after the subcommand: each subparser has them
     # too, and SUPPRESS keeps a subcommand's unset copy from erasing the value given before it.
@@ -257,10 +267,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
     p.add_argument("--mode", default="error", choices=list(options.MODES),
                    help="what to do when DST already holds data (default: error)")
-    p.add_argument("--min-rows-per-file", type=int,
+    p.add_argument("--min-rows-per-file", type=_positive,
                    help="gather at least this many rows per write task (so per file) before writing; a hint, "
                         "as in Ray's write_tfrecords")
-    p.add_argument("--max-rows-per-file", type=int, help="start a new file after this many rows")
+    p.add_argument("--max-rows-per-file", type=_positive, help="start a new file after this many rows")
     p.add_argument("--allow-float64-narrowing", action="store_true",
                    help="write float64 columns as float32 (TFRecord has no float64)")
     p.set_defaults(fn=_cmd_convert)

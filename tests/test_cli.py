@@ -135,4 +135,8 @@ def test_convert_compression_level_needs_compression_and_a_zlib_level(tmp_path, 
     assert exit_.value.code == 2
     assert "argument --compression-level: expected 0 (fastest) to 9 (smallest), or -1 for zlib's default; got '10'" \
         in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(src), str(tmp_path / "out"), "--min-rows-per-file", "0"])
+    assert exit_.value.code == 2
+    assert "argument --min-rows-per-file: expected a positive number of rows; got '0'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
