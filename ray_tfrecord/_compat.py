@@ -27,6 +27,10 @@ from ray.data._internal.arrow_block import _BATCH_SIZE_PRESERVING_STUB_COL_NAME 
 # names it but Ray exports it from no public module.
 from ray.data._internal.execution.interfaces import TaskContext
 
+# The key under which a write task's context carries the write's id, which Ray's file datasinks pass
+# to ``FilenameProvider.get_filename_for_task``; no public accessor exists.
+from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
+
 # The filesystem wrapper that retries ``DataContext.retried_io_errors``, the retry
 # behaviour every built-in Ray reader and writer has; Ray offers no public way to get it.
 from ray.data._internal.util import RetryingPyFileSystem, _is_local_scheme
@@ -56,12 +60,19 @@ __all__ = [
     "task_cause",
     "unpickled_filesystem",
     "unwrap_filesystem",
+    "write_uuid",
 ]
 
 
 resolve_paths = _resolve_paths_and_filesystem
 has_file_extension = _has_file_extension
 is_local_scheme = _is_local_scheme  # local:// paths: Ray runs their tasks on the driver's node
+
+
+def write_uuid(ctx: TaskContext) -> Optional[str]:
+    """The id Ray gives one write (the same in all its tasks), for a ``FilenameProvider``; ``None``
+    when ``Datasink.write`` is called outside Ray's write operator."""
+    return ctx.kwargs.get(WRITE_UUID_KWARG_NAME)
 
 
 def retrying_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:

@@ -165,6 +165,9 @@ def _cmd_index(args) -> int:
 
 def _cmd_convert(args) -> int:
     fmt = args.format or _guess_format(args.src)
+    if args.compression_level is not None and args.compression == "none":
+        raise ValueError("--compression-level applies to compressed files only; add --compression gzip or "
+                         "--compression zlib")
     _ensure_ray(args.num_cpus)
     ds = _READERS[fmt](args.src)
     result = write_tfrecords(
@@ -173,7 +176,9 @@ def _cmd_convert(args) -> int:
         record_type=args.record_type,
         partition_cols=args.partition_by.split(",") if args.partition_by else None,
         compression=None if args.compression == "none" else args.compression,
+        compression_level=args.compression_level,
         mode=args.mode,
+        min_rows_per_file=args.min_rows_per_file,
         max_rows_per_file=args.max_rows_per_file,
         allow_float64_narrowing=args.allow_float64_narrowing,
         allow_decimal_narrowing=args.allow_decimal_narrowing,
@@ -191,6 +196,24 @@ def _guess_format(src: str) -> str:
         if src.rstrip("/").lower().endswith(suffixes):
             return fmt
     raise SystemExit(f"cannot tell the format of {src!r}; pass --format parquet|csv|json")
+
+
+def _compression_level(text: str) -> int:
+    try:
+        return options.compression_level(int(text), "gzip")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0 (fastest) to 9 (smallest), or -1 for zlib's default; "
+                                         f"got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of rows; got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -240,10 +263,15 @@ def _parser() -> argparse.ArgumentParser:
                                           "directories)")
     p.add_argument("--compression", default="none", choices=["none", *options.COMPRESSIONS],
                    help="compress each output file (default: none)")
+    p.add_argument("--compression-level", type=_compression_level, metavar="0-9",
+                   help="zlib level for --compression gzip/zlib: 1 fastest, 9 smallest (default: zlib's, 6)")
     p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
     p.add_argument("--mode", default="error", choices=list(options.MODES),
                    help="what to do when DST already holds data (default: error)")
-    p.add_argument("--max-rows-per-file", type=int, help="start a new file after this many rows")
+    p.add_argument("--min-rows-per-file", type=_positive,
+                   help="gather at least this many rows per write task (so per file) before writing; a hint, "
+                        "as in Ray's write_tfrecords")
+    p.add_argument("--max-rows-per-file", type=_positive, help="start a new file after this many rows")
     p.add_argument("--allow-float64-narrowing", action="store_true",
                    help="write float64 columns as float32 (TFRecord has no float64)")
     p.add_argument("--allow-decimal-narrowing", action="store_true",

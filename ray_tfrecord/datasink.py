@@ -46,8 +46,9 @@ import pyarrow.fs as pafs
 
 import ray
 from ray.data import Dataset, SaveMode
+from ray.data.dataset import MaterializedDataset
 from ray.data.block import Block, BlockAccessor
-from ray.data.datasource import Datasink, WriteResult
+from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
 from ray_tfrecord import _compat, options
 from ray_tfrecord.codec import RecordType, check_encodable, encode
@@ -64,8 +65,10 @@ STAGING_DIR = "_temporary"
 
 # Input gathered per write task (so per file, unless a size/row limit cuts earlier).
 _MIN_BYTES_PER_WRITE = 128 << 20
-# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
+# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write),
 _STORE_SHARE_PER_WRITE = 16
+# ...and, for an input of known size, about a quarter of its share per CPU, down to this.
+_MIN_SPLIT_BYTES = 8 << 20
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
 
@@ -101,6 +104,8 @@ class _WriteConfig:
     staging: str
     record_type: RecordType
     compression: Optional[options.Compression]
+    compression_level: Optional[int]
+    filename_provider: Optional[FilenameProvider]
     max_rows_per_file: Optional[int]
     target_file_size: Optional[int]
     write_index: bool
@@ -135,6 +140,20 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             anything). A directory holding only ``_temporary`` counts as empty.
         compression: ``None``, ``"gzip"`` or ``"zlib"``; files are readable by
             ``tf.data.TFRecordDataset`` with ``compression_type`` ``"GZIP"``/``"ZLIB"``.
+        compression_level: zlib's level for ``"gzip"``/``"zlib"`` files: 0 (fastest) to 9
+            (smallest); ``None`` is zlib's default (6). Refused without ``compression``.
+        min_rows_per_file: As in Ray's file datasinks: a write task gathers input blocks until it
+            holds at least this many rows, and writes them to one file per partition directory. A
+            hint, not a limit: a task may get more rows (whole blocks), the last task fewer, and
+            ``max_rows_per_file``/``target_file_size`` still cut files. With ``partition_cols`` it
+            counts a task's rows over all its partitions.
+        filename_provider: A Ray ``FilenameProvider``: each write task names its files
+            ``get_filename_for_task(write_uuid, task_index)``, used as given within each
+            partition directory. ``{i}`` in the name becomes the file's number (0, 1, ...) within
+            the task and directory, as in ``write_parquet``; without it, a task that needs a
+            second file in one directory fails. Two tasks giving the same name, or (``append``) a
+            name that exists, fail the write before any file moves. Default:
+            ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``.
         max_rows_per_file: Start a new file after this many records.
         target_file_size: Start a new file once this many (uncompressed) bytes
             have been written to it; files end on record boundaries, so they may
@@ -160,6 +179,9 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         partition_cols: Optional[List[str]] = None,
         mode: Union[options.Mode, SaveMode] = "error",
         compression: Optional[options.Compression] = None,
+        compression_level: Optional[int] = None,
+        min_rows_per_file: Optional[int] = None,
+        filename_provider: Optional[FilenameProvider] = None,
         max_rows_per_file: Optional[int] = None,
         target_file_size: Optional[int] = None,
         write_index: bool = True,
@@ -168,23 +190,36 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
     ):
         mode = SaveMode(options.mode(mode))
         options.compression(compression)
+        options.compression_level(compression_level, compression)
         options.record_type(record_type)
-        for name, value in (("max_rows_per_file", max_rows_per_file), ("target_file_size", target_file_size)):
+        for name, value in (("min_rows_per_file", min_rows_per_file), ("max_rows_per_file", max_rows_per_file),
+                            ("target_file_size", target_file_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if min_rows_per_file is not None and max_rows_per_file is not None and min_rows_per_file > max_rows_per_file:
+            raise ValueError(f"min_rows_per_file ({min_rows_per_file}) must not exceed max_rows_per_file "
+                             f"({max_rows_per_file})")
+        if filename_provider is not None and not isinstance(filename_provider, FilenameProvider):
+            raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
+                            f"{type(filename_provider).__name__}")
         self._unresolved_path = path
         paths, fs = _compat.resolve_paths(path, filesystem)
         self._fs = _compat.retrying_filesystem(fs)
         self._path = paths[0].rstrip("/")
         self._mode = mode
         self._partition_cols = list(partition_cols or [])
+        self._min_rows_per_file = min_rows_per_file
         self._min_bytes_per_write = min(target_file_size or _MIN_BYTES_PER_WRITE, _MIN_BYTES_PER_WRITE)
+        # The input's in-memory size where known before execution (write_tfrecords sets it).
+        self._input_bytes: Optional[int] = None
         self._staging = posixpath.join(self._path, STAGING_DIR, uuid.uuid4().hex)
         self._config = _WriteConfig(
             filesystem=self._fs,
             staging=self._staging,
             record_type=record_type,
             compression=compression,
+            compression_level=compression_level,
+            filename_provider=filename_provider,
             max_rows_per_file=max_rows_per_file,
             target_file_size=target_file_size,
             write_index=write_index and compression is None,
@@ -262,6 +297,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             return
         staged = [f for ret in write_result.write_returns if ret for f in ret["files"]]
         self._refuse_null_everywhere(write_result)
+        self._refuse_name_clashes(staged)
         old = _list_old_files(self._fs, self._path) if self._mode == SaveMode.OVERWRITE else []
         appended_to_data = self._mode == SaveMode.APPEND and _dataset_exists(self._fs, self._path)
 
@@ -290,6 +326,27 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             files=final_paths,
             bytes_written=sum(f.size for f in staged),
         )
+
+    def _refuse_name_clashes(self, staged: List[_StagedFile]) -> None:
+        """A filename_provider's names are the caller's: two tasks may get the same one (both wrote the
+        same staged path, so one file's rows are lost) or, appending, one already in the dataset.
+        Either fails the write before any file moves, rather than replacing data."""
+        if self._config.filename_provider is None:
+            return
+        seen = set()
+        for f in staged:
+            if f.rel_path in seen:
+                raise TFRecordError(f"filename_provider gave two write tasks the same file name {f.rel_path!r}; "
+                                    "make get_filename_for_task's name depend on task_index. Nothing was written",
+                                    path=self._path)
+            seen.add(f.rel_path)
+        if self._mode == SaveMode.APPEND:
+            for f in staged:
+                dst = posixpath.join(self._path, f.rel_path)
+                if self._fs.get_file_info(dst).type != pafs.FileType.NotFound:
+                    raise TFRecordError("the file exists: filename_provider named an appended file like an existing "
+                                        "one; put write_uuid in the name, or write with mode='overwrite'. Nothing "
+                                        "was written", path=dst)
 
     def _refuse_null_everywhere(self, write_result: WriteResult[Dict[str, Any]]) -> None:
         """Tasks write a null-typed block column as missing features, since another block may give it
@@ -342,6 +399,10 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                 os.rmdir(posixpath.dirname(self._staging))
 
     @property
+    def min_rows_per_write(self) -> Optional[int]:
+        return self._min_rows_per_file
+
+    @property
     def min_bytes_per_write(self) -> Optional[int]:
         # Ray otherwise runs one write task, hence one file, per input block:
         # hundreds of tiny files (and tasks) for a dataset that Ray split finely.
@@ -349,10 +410,18 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         # so it must stay well below the store (Ray Data budgets about half of it across
         # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
         # operators on backpressure and spills (tests/test_faults.py).
-        store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
-        if store:
-            return max(1, min(self._min_bytes_per_write, int(store) // _STORE_SHARE_PER_WRITE))
-        return self._min_bytes_per_write
+        if self._min_rows_per_file is not None:
+            return None  # the caller's row target bundles instead (Ray accepts only one of the two)
+        target = self._min_bytes_per_write
+        resources = ray.cluster_resources() if ray.is_initialized() else {}
+        if resources.get("object_store_memory"):
+            target = min(target, int(resources["object_store_memory"]) // _STORE_SHARE_PER_WRITE)
+        if self._input_bytes is not None and resources.get("CPU"):
+            # An input smaller than a bundle per CPU would go to one task on one CPU: two bundles
+            # per CPU keep every CPU writing even when the input's blocks are of uneven sizes. Not
+            # below _MIN_SPLIT_BYTES: a small dataset on a large cluster would become tiny files.
+            target = min(target, max(_MIN_SPLIT_BYTES, self._input_bytes // (2 * int(resources["CPU"]))))
+        return max(1, target)
 
     @property
     def supports_distributed_writes(self) -> bool:
@@ -365,7 +434,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         files (:class:`_StagedFile`) and the record schemas written."""
         if self._skip:
             return {"files": [], "schemas": []}
-        files = _TaskFiles(self._config, ctx.task_idx)
+        files = _TaskFiles(self._config, ctx.task_idx, _compat.write_uuid(ctx) or posixpath.basename(self._staging))
         checked = None
         schemas: List[pa.Schema] = []
         try:
@@ -419,7 +488,7 @@ class _PartFile:
         _make_dirs(self._fs, posixpath.dirname(self._path))
         # compression=None: pyarrow would otherwise gzip a ".gz" name a second time.
         stream = self._fs.open_output_stream(self._path, compression=None)
-        self._writer = RecordWriter(stream, config.compression)
+        self._writer = RecordWriter(stream, config.compression, config.compression_level)
         self._index = IndexBuilder(DEFAULT_SPACING_BYTES) if config.write_index else None
 
     @property
@@ -445,21 +514,43 @@ class _TaskFiles:
     """The files one write task has open, one per partition directory, rotated by
     row count / size."""
 
-    def __init__(self, config: _WriteConfig, task_idx: int):
+    def __init__(self, config: _WriteConfig, task_idx: int, write_uuid: str):
         self._config = config
         self._task_idx = task_idx
+        self._write_uuid = write_uuid
         self._open: Dict[str, _PartFile] = {}
         self._done: List[_StagedFile] = []
+        self._opened_in: Dict[str, int] = {}  # files this task opened per directory
+        self._provided_name: Optional[str] = None
 
     def _file(self, part_dir: str) -> _PartFile:
         f = self._open.pop(part_dir, None)
         if f is None:
             if len(self._open) >= self._config.max_open_files:
                 self._done.append(self._open.pop(next(iter(self._open))).close())
-            name = f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"
+            name = self._name(part_dir)
             f = _PartFile(self._config, posixpath.join(part_dir, name) if part_dir else name)
         self._open[part_dir] = f  # re-insert: dict order is recency order
         return f
+
+    def _name(self, part_dir: str) -> str:
+        """The next file's name in ``part_dir``: ours, or the filename_provider's."""
+        number = self._opened_in.get(part_dir, 0)
+        self._opened_in[part_dir] = number + 1
+        if self._config.filename_provider is None:
+            return f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"
+        if self._provided_name is None:
+            self._provided_name = _provided_name(self._config.filename_provider, self._write_uuid, self._task_idx)
+        name = self._provided_name
+        if "{i}" in name:
+            return name.replace("{i}", str(number))
+        if number:
+            where = f"directory {part_dir!r}" if part_dir else "the dataset root"
+            raise TFRecordError(f"filename_provider named write task {self._task_idx}'s file {name!r}, but the task "
+                                f"writes more than one file in {where} (max_rows_per_file, target_file_size, or more "
+                                f"than {self._config.max_open_files} partitions in one task); put '{{i}}' in the name "
+                                "for the file's number within the task")
+        return name
 
     def write(self, part_dir: str, batch: pa.RecordBatch) -> None:
         config = self._config
@@ -495,6 +586,23 @@ class _TaskFiles:
 
 
 # -- helpers -------------------------------------------------------------------------
+
+
+def _provided_name(provider: FilenameProvider, write_uuid: str, task_idx: int) -> str:
+    """A write task's file name from a Ray ``FilenameProvider``. Ray 2.60's file datasinks call
+    only ``get_filename_for_task``; a provider written for earlier Rays, which overrides only
+    ``get_filename_for_block``, gets the arguments Ray documents for it (block ``None``, index 0)
+    rather than being silently ignored."""
+    cls = type(provider)
+    if (cls.get_filename_for_task is FilenameProvider.get_filename_for_task
+            and cls.get_filename_for_block is not FilenameProvider.get_filename_for_block):
+        name = provider.get_filename_for_block(None, write_uuid, task_idx, 0)
+    else:
+        name = provider.get_filename_for_task(write_uuid, task_idx)
+    if not isinstance(name, str) or not name or "/" in name or name.startswith((".", "_")):
+        raise TFRecordError(f"filename_provider named write task {task_idx}'s file {name!r}: a name must be a "
+                            "non-empty string without '/' that does not start with '.' or '_' (readers skip those)")
+    return name
 
 
 def _is_s3(fs: pafs.FileSystem) -> bool:
@@ -557,6 +665,9 @@ def write_tfrecords(
     partition_cols: Optional[List[str]] = None,
     mode: Union[options.Mode, SaveMode] = "error",
     compression: Optional[options.Compression] = None,
+    compression_level: Optional[int] = None,
+    min_rows_per_file: Optional[int] = None,
+    filename_provider: Optional[FilenameProvider] = None,
     max_rows_per_file: Optional[int] = None,
     target_file_size: Optional[int] = None,
     write_index: bool = True,
@@ -581,6 +692,9 @@ def write_tfrecords(
         partition_cols=partition_cols,
         mode=mode,
         compression=compression,
+        compression_level=compression_level,
+        min_rows_per_file=min_rows_per_file,
+        filename_provider=filename_provider,
         max_rows_per_file=max_rows_per_file,
         target_file_size=target_file_size,
         write_index=write_index,
@@ -594,6 +708,8 @@ def write_tfrecords(
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink._check_schema(known.base_schema)  # fail before computing anything
+    if isinstance(ds, MaterializedDataset):
+        sink._input_bytes = ds.size_bytes()  # from the blocks' metadata; a lazy dataset's is unknown
     try:
         ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
     except Exception as e:

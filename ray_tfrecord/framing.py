@@ -307,12 +307,15 @@ class RecordWriter:
     """Writes framed records to a binary stream, compressing the whole stream when asked.
 
     ``bytes_written`` counts uncompressed stream bytes, i.e. the offsets an index refers to.
+    ``level`` is zlib's (0-9; ``None``: zlib's default), for GZIP/ZLIB streams only.
     """
 
-    def __init__(self, stream: BinaryIO, compression: Compression | None = None, level: int = -1) -> None:
+    def __init__(self, stream: BinaryIO, compression: Compression | None = None, level: int | None = None) -> None:
         options.compression(compression)
+        options.compression_level(level, compression)
         self._stream = stream
-        self._z = zlib.compressobj(level, zlib.DEFLATED, _WBITS[compression]) if compression else None
+        self._z = (zlib.compressobj(-1 if level is None else level, zlib.DEFLATED, _WBITS[compression])
+                   if compression else None)
         self.bytes_written = 0
 
     def write(self, framed: bytes | memoryview) -> None:

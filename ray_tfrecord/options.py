@@ -11,6 +11,8 @@ on the message a wrong value gets::
     False
     >>> options.mode("overwrite")
     'overwrite'
+    >>> options.compression_level(9, "gzip")
+    9
 
 This module imports neither Ray nor the native codec: the codec layer validates with it too.
 """
@@ -23,6 +25,8 @@ RecordType = Literal["Example", "SequenceExample", "ByteArray"]
 Compression = Literal["gzip", "zlib"]
 OnCorrupt = Literal["raise", "skip"]
 Mode = Literal["error", "overwrite", "append", "ignore"]
+#: zlib's levels: 0 stores, 1 is fastest, 9 smallest, -1 zlib's default (6).
+COMPRESSION_LEVELS = range(-1, 10)
 
 RECORD_TYPES: tuple[RecordType, ...] = get_args(RecordType)
 COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
@@ -59,3 +63,19 @@ def mode(value: object) -> Mode:
     name = getattr(value, "value", value)
     _one_of("mode", name, MODES)
     return name  # type: ignore[return-value]
+
+
+def compression_level(value: object, compression: object) -> int | None:
+    """Return ``value`` if it is ``None`` (zlib's default) or a zlib level for a gzip/zlib write.
+
+    A level given for an uncompressed write is refused rather than ignored.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in COMPRESSION_LEVELS:
+        raise ValueError(f"compression_level must be an integer from 0 (fastest) to 9 (smallest), or -1 for "
+                         f"zlib's default; got {value!r}")
+    if compression is None:
+        raise ValueError(f"compression_level={value} applies to compressed files only; pass compression='gzip' "
+                         "or 'zlib' as well, or leave compression_level unset")
+    return value

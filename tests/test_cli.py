@@ -104,3 +104,39 @@ def test_console_script_entry_point():
     assert result.returncode == 0
     for command in ("inspect", "verify", "convert", "index"):
         assert command in result.stdout
+
+
+def test_convert_compression_level_and_min_rows_per_file(ray_local, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(300)), "s": ["the same words again"] * 300}), src)
+    base = ["convert", str(src), "--compression", "zlib", "--min-rows-per-file", "300"]
+    assert main(base[:2] + [str(tmp_path / "fast")] + base[2:] + ["--compression-level", "0"]) == 0
+    assert main(base[:2] + [str(tmp_path / "small")] + base[2:] + ["--compression-level", "9"]) == 0
+    sizes = {}
+    for name in ("fast", "small"):
+        (f,) = [p for p in os.listdir(tmp_path / name) if not p.startswith("_")]  # 300 rows: one file
+        path = str(tmp_path / name / f)
+        ids = [tf.train.Example.FromString(r.numpy()).features.feature["id"].int64_list.value[0]
+               for r in tf.data.TFRecordDataset(path, compression_type="ZLIB")]
+        assert sorted(ids) == list(range(300))
+        sizes[name] = os.path.getsize(path)
+    assert sizes["small"] < sizes["fast"] / 4  # level 0 stores, level 9 compresses: the flag reached zlib
+
+
+def test_convert_compression_level_needs_compression_and_a_zlib_level(tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1]}), src)
+    assert main(["convert", str(src), str(tmp_path / "out"), "--compression-level", "9"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ray-tfrecord convert: --compression-level applies to compressed files only; add --compression gzip or "
+        "--compression zlib")
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(src), str(tmp_path / "out"), "--compression", "gzip", "--compression-level", "10"])
+    assert exit_.value.code == 2
+    assert "argument --compression-level: expected 0 (fastest) to 9 (smallest), or -1 for zlib's default; got '10'" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(src), str(tmp_path / "out"), "--min-rows-per-file", "0"])
+    assert exit_.value.code == 2
+    assert "argument --min-rows-per-file: expected a positive number of rows; got '0'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

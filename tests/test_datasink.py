@@ -12,8 +12,9 @@ import pytest
 import ray
 import ray.cloudpickle
 import tensorflow as tf
+from ray.data.datasource import FilenameProvider
 
-from ray_tfrecord import SchemaError, read_tfrecords, write_tfrecords
+from ray_tfrecord import SchemaError, TFRecordError, read_tfrecords, write_tfrecords
 from ray_tfrecord._compat import TaskContext
 from ray_tfrecord.datasink import TFRecordDatasink
 from ray_tfrecord.index import RecordIndex, build_index, index_path, is_index_path
@@ -382,3 +383,149 @@ def test_null_in_a_not_null_field_fails_the_write_and_leaves_nothing(ray_local, 
     assert not os.path.exists(out)
     write_tfrecords(ray.data.from_arrow(pa.Table.from_arrays([pa.array([1, 2, 3])], schema=schema)), out)
     assert sorted(r["id"] for r in read_tfrecords(out).take_all()) == [1, 2, 3]
+
+
+# -- what users port from Ray's write_tfrecords ------------------------------------------------
+
+
+def _parsed_ids(path, compression_type=""):
+    return [tf.train.Example.FromString(r.numpy()).features.feature["id"].int64_list.value[0]
+            for r in tf.data.TFRecordDataset(path, compression_type=compression_type)]
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zlib"])
+def test_compression_level_reaches_zlib_and_tensorflow_reads_every_level(ray_local, tmp_path, compression):
+    rows = [{"id": i, "text": f"row {i % 7} of a repetitive text column"} for i in range(400)]
+    sizes = {}
+    for level in (0, 1, 9):
+        out = tmp_path / f"level{level}"
+        write_tfrecords(ray.data.from_items(rows), str(out), compression=compression, compression_level=level,
+                        min_rows_per_file=400)
+        (f,) = visible_files(out)
+        assert sorted(_parsed_ids(f, compression.upper())) == list(range(400))
+        sizes[level] = os.path.getsize(f)
+    assert sizes[9] <= sizes[1] < sizes[0]  # 0 stores: the level is zlib's, not ignored
+
+
+def test_compression_level_is_refused_without_compression_or_outside_zlibs_range(ray_local, tmp_path):
+    with pytest.raises(ValueError, match=r"compression_level=9 applies to compressed files only; pass "
+                                         r"compression='gzip' or 'zlib' as well"):
+        write_tfrecords(words_dataset(), str(tmp_path / "a"), compression_level=9)
+    with pytest.raises(ValueError, match=r"compression_level must be an integer from 0 \(fastest\) to 9"):
+        TFRecordDatasink(str(tmp_path / "b"), compression="gzip", compression_level=11)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_min_rows_per_file_bundles_blocks_per_write_task(ray_local, tmp_path):
+    ds = ray.data.from_items([{"id": i} for i in range(200)], override_num_blocks=20)  # 10-row blocks
+    out = tmp_path / "bundled"
+    result = write_tfrecords(ds, str(out), min_rows_per_file=50)
+    counts = sorted(len(_parsed_ids(f)) for f in visible_files(out))
+    assert sum(counts) == 200 and len(counts) == result.num_files < 20
+    assert all(c >= 50 for c in counts[1:])  # a hint: only the last task may get fewer
+    one = tmp_path / "one"
+    assert write_tfrecords(ds, str(one), min_rows_per_file=200).num_files == 1
+    # max_rows_per_file still cuts the files a task writes: two tasks of two 50-row blocks each.
+    capped = tmp_path / "capped"
+    write_tfrecords(ds.repartition(4), str(capped), min_rows_per_file=60, max_rows_per_file=60)
+    assert sorted(len(_parsed_ids(f)) for f in visible_files(capped)) == [40, 40, 60, 60]
+    with pytest.raises(ValueError, match=r"min_rows_per_file \(100\) must not exceed max_rows_per_file \(80\)"):
+        TFRecordDatasink(str(tmp_path / "x"), min_rows_per_file=100, max_rows_per_file=80)
+    with pytest.raises(ValueError, match="min_rows_per_file must be positive, got 0"):
+        TFRecordDatasink(str(tmp_path / "x"), min_rows_per_file=0)
+
+
+class TaskNames(FilenameProvider):
+    def get_filename_for_task(self, write_uuid, task_index):
+        return f"{write_uuid}_{task_index:06}_{{i}}.tfrecord"
+
+
+class SameName(FilenameProvider):
+    def get_filename_for_task(self, write_uuid, task_index):
+        return "data.tfrecord"
+
+
+class BlockNames(FilenameProvider):
+    """A provider written for Rays before 2.60, which called get_filename_for_block."""
+
+    def get_filename_for_block(self, block, write_uuid, task_index, block_index):
+        return f"legacy-{task_index}-{block_index}.tfrecord"
+
+
+def test_filename_provider_names_files_in_each_partition_directory(ray_local, tmp_path):
+    out = tmp_path / "named"
+    result = write_tfrecords(words_dataset(), str(out), partition_cols=["number"], filename_provider=TaskNames(),
+                             max_rows_per_file=15)
+    names = [os.path.relpath(f, out) for f in result.files]
+    pattern = re.compile(r"number=(1|2|8)/([0-9a-f]{32})_(\d{6})_(\d)\.tfrecord")
+    assert names and all(pattern.fullmatch(n) for n in names), names
+    assert len({pattern.fullmatch(n).group(2) for n in names}) == 1  # one write, one write_uuid
+    # {i} numbers each task's files within a directory: 20 rows per partition, 15 per file.
+    assert any(n.endswith("_1.tfrecord") for n in names)
+    assert sorted(visible_files(out)) == sorted(result.files)
+    assert sorted(os.listdir(out)) == root_entries(out, "number=1", "number=2", "number=8")
+    back = read_tfrecords(str(out)).take_all()
+    assert sorted((r["number"], r["word"]) for r in back) == sorted(
+        (r["number"], r["word"]) for r in words_dataset().take_all())
+
+
+def test_filename_provider_names_that_clash_fail_before_anything_moves(ray_local, tmp_path):
+    out = tmp_path / "clash"
+    many_tasks = ray.data.from_items([{"id": i} for i in range(40)], override_num_blocks=4)
+    with pytest.raises(TFRecordError, match=r"filename_provider gave two write tasks the same file name "
+                                            r"'data.tfrecord'; make get_filename_for_task's name depend on "
+                                            r"task_index. Nothing was written"):
+        write_tfrecords(many_tasks, str(out), filename_provider=SameName(), min_rows_per_file=10)
+    assert not out.exists() or os.listdir(out) == []
+
+    # Appending a name that exists would replace the rows there: refused, the dataset unchanged.
+    one_task = ray.data.from_items([{"id": i} for i in range(5)])
+    write_tfrecords(one_task, str(out), filename_provider=SameName())
+    before = {f: open(f, "rb").read() for f in visible_files(out)}
+    with pytest.raises(TFRecordError, match=r"data.tfrecord: the file exists: filename_provider named an appended "
+                                            r"file like an existing one; put write_uuid in the name"):
+        write_tfrecords(one_task, str(out), filename_provider=SameName(), mode="append")
+    assert {f: open(f, "rb").read() for f in visible_files(out)} == before
+    assert "_temporary" not in os.listdir(out)
+
+    # A task that needs a second file in one directory needs {i} in the name.
+    with pytest.raises(TFRecordError, match=r"filename_provider named write task 0's file 'data.tfrecord', but the "
+                                            r"task writes more than one file in the dataset root .*put '\{i\}' in "
+                                            r"the name"):
+        write_tfrecords(one_task, str(tmp_path / "rotated"), filename_provider=SameName(), max_rows_per_file=2)
+    assert not (tmp_path / "rotated").exists() or visible_files(tmp_path / "rotated") == []
+
+
+class HiddenName(FilenameProvider):
+    def get_filename_for_task(self, write_uuid, task_index):
+        return f"_{task_index}.tfrecord"
+
+
+def test_filename_provider_hidden_names_are_refused_and_legacy_providers_are_called(ray_local, tmp_path):
+    with pytest.raises(TFRecordError, match=r"filename_provider named write task 0's file '_0.tfrecord': a name must "
+                                            r"be a non-empty string without '/' that does not start with '.' or '_'"):
+        write_tfrecords(words_dataset(), str(tmp_path / "hidden"), filename_provider=HiddenName(),
+                        min_rows_per_file=60)
+    out = tmp_path / "legacy"
+    write_tfrecords(words_dataset(), str(out), filename_provider=BlockNames(), min_rows_per_file=60)
+    assert [os.path.basename(f) for f in visible_files(out)] == ["legacy-0-0.tfrecord"]
+    assert len(read_tfrecords(str(out)).take_all()) == 60
+    with pytest.raises(TypeError, match="filename_provider must be a ray.data.datasource.FilenameProvider"):
+        TFRecordDatasink(str(out), filename_provider=lambda uuid, i: "x")
+
+
+def test_every_varint_length_boundary_parses_in_tensorflow(ray_local, tmp_path):
+    """The encoder writes 1- and 2-byte varints and longer ones by different paths, each as whole
+    words into spare room: values on each side of every length step must come back exactly."""
+    edges = sorted({v for k in range(1, 64) for v in (2**k - 1, 2**k) if v < 2**63} | {0})
+    values = edges + [-v for v in edges if v] + [-(2**63)]
+    rows = [{"id": i, "vals": values[i:] + values[:i], "one": values[i]} for i in range(len(values))]
+    out = tmp_path / "edges"
+    write_tfrecords(ray.data.from_items(rows), str(out))
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "one": tf.io.FixedLenFeature([], tf.int64),
+            "vals": tf.io.FixedLenFeature([len(values)], tf.int64)}
+    got = {}
+    for rec in tf.data.TFRecordDataset(visible_files(out)):
+        parsed = tf.io.parse_single_example(rec, spec)
+        got[int(parsed["id"])] = (int(parsed["one"]), parsed["vals"].numpy().tolist())
+    assert got == {r["id"]: (r["one"], r["vals"]) for r in rows}

@@ -1,6 +1,7 @@
 """Each shared option type is validated in one place; every entry point gives the same message."""
 
 import enum
+import re
 
 import pytest
 
@@ -36,3 +37,22 @@ def test_mode_accepts_enum_members_by_value():
 
     assert options.mode(Saved.APPEND) == "append"
     assert options.mode("ignore") == "ignore"
+
+
+@pytest.mark.parametrize("level", [-1, 0, 1, 9])
+def test_compression_levels_are_zlibs(level):
+    assert options.compression_level(level, "gzip") == level
+    assert options.compression_level(None, None) is None
+
+
+@pytest.mark.parametrize("bad", [10, -2, True, 5.0, "9"])
+def test_compression_level_outside_zlibs_range_is_refused(bad):
+    with pytest.raises(ValueError, match=r"compression_level must be an integer from 0 \(fastest\) to 9 \(smallest\), "
+                                         r"or -1 for zlib's default; got " + re.escape(repr(bad))):
+        options.compression_level(bad, "zlib")
+
+
+def test_compression_level_without_compression_is_refused_not_ignored():
+    with pytest.raises(ValueError, match=r"^compression_level=9 applies to compressed files only; pass "
+                                         r"compression='gzip' or 'zlib' as well, or leave compression_level unset$"):
+        options.compression_level(9, None)
