@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -227,7 +228,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="what to do; `ray-tfrecord COMMAND --help` lists its options")
     record_types = list(options.RECORD_TYPES)
-    path_help = "a TFRecord file or a directory of them (read recursively); local, s3://, gs://, ..."
+    path_help = ("a TFRecord file, a directory of them (read recursively) or a quoted Hadoop glob "
+                 "('data/part-*'); local, s3://, gs://, ...")
     record_type_help = "what each record holds: tf.train.Example, SequenceExample or raw bytes (default: Example)"
 
     p = sub.add_parser("inspect", parents=[common], help="schema, record count, files, partitions, first rows",
@@ -306,7 +308,8 @@ def _in_cli_terms(message: str, parser: argparse.ArgumentParser, command: str) -
             flag = action.option_strings[0]
             # Messages that name both spellings keep only the flag here.
             message = message.replace(f"{action.dest}=True (CLI: {flag})", flag).replace(f"{action.dest}=True", flag)
-    return message
+    # A fix that only the Python API offers (ignore_missing_paths=True) is no fix here.
+    return re.sub(r", or pass \w+=True to [^;]*", "", message)
 
 
 if __name__ == "__main__":
