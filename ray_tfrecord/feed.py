@@ -54,9 +54,10 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
 from ray_tfrecord.codec import _is_bytes, _is_var_list
+from ray_tfrecord.errors import SchemaError
 
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 
@@ -96,6 +98,19 @@ _NUMERIC_DTYPES: dict[pa.DataType, tf.DType] = {
     pa.float16(): tf.float16,
     pa.float32(): tf.float32,
     pa.float64(): tf.float64,
+}
+
+# A value of each kind, to show in a message what a default looks like.
+_EXAMPLE_VALUES = {tf.string: 'b""', tf.bool: "False"}
+
+# Python and numpy types a default may hold, by the kind of the column's values;
+# anything else (a float for an integer column, say) would be silently converted.
+_INTEGERS = (int, np.integer)
+_DEFAULT_TYPES: dict[str, tuple[type, ...]] = {
+    "bytes or str": (bytes, str),
+    "bool": (bool, np.bool_),
+    "int": _INTEGERS,
+    "int or float": (*_INTEGERS, float, np.floating),
 }
 
 _Tensor = tf.Tensor | tf.RaggedTensor
@@ -135,6 +150,14 @@ class _Plan:
         if self.ragged_rank or self.dtype == tf.string:
             return _VAR_BYTES
         return int(np.prod(self.inner_shape)) * self.dtype.size
+
+    @property
+    def example_default(self) -> str:
+        """A ``defaults=`` value of this plan's row shape and kind, as Python source."""
+        value = _EXAMPLE_VALUES.get(self.dtype, "0.0" if self.dtype.is_floating else "0")
+        for n in reversed(self.inner_shape):
+            value = f"[{value}] * {n}"
+        return value
 
     @property
     def component_specs(self) -> list[tuple[tuple[int, ...], tf.DType]]:
@@ -200,7 +223,7 @@ def _leaf_values(
     arr: pa.Array, *, column: str, zero_copy: bool, as_binary: bool
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     if arr.null_count:
-        _refuse_nulls(arr, column)
+        _refuse_nulls(arr, column, _plan(arr.type, column))
     if as_binary:
         arr = arr.cast(pa.large_binary())
     return arr.to_numpy(zero_copy_only=zero_copy), []
@@ -221,7 +244,7 @@ def _dense_values(
     shape: tuple[int, ...],
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     if arr.null_count:
-        _refuse_nulls(arr, column)
+        _refuse_nulls(arr, column, _plan(arr.type, column))
     values, _ = inner(children(arr))
     return values.reshape((len(arr), *shape)), []
 
@@ -231,12 +254,67 @@ def _tensor_storage_values(arr: pa.Array) -> pa.Array:
     return _list_children(arr.storage)[0]
 
 
-def _refuse_nulls(arr: pa.Array, column: str) -> None:
-    raise ValueError(
-        f"column {column!r} has {arr.null_count} null value(s) outside a "
-        "variable-length list; TensorFlow tensors cannot hold nulls "
-        "(fill them first, e.g. with Dataset.map_batches and pyarrow.compute.fill_null)"
+def _refuse_nulls(arr: pa.Array, column: str, plan: _Plan) -> None:
+    raise SchemaError(
+        f"{arr.null_count} of the {len(arr)} rows in this batch are null (records without the feature), "
+        "and a TensorFlow tensor cannot hold nulls; pass "
+        f"defaults={{{column!r}: {plan.example_default}}} to fill them, as FixedLenFeature's default_value does",
+        column=column,
     )
+
+
+def _with_default(plan: _Plan, arrow_type: pa.DataType, column: str, value: Any) -> _Plan:
+    """``plan`` with null rows replaced by ``value`` before conversion.
+
+    ``value`` must be one row of the column as TensorFlow's ``FixedLenFeature``
+    ``default_value`` would be: the row's shape, and values of the column's kind
+    (no float for an integer column, no number for a string column), so that
+    nothing is converted behind the caller's back.
+    """
+
+    def refuse(problem: str) -> SchemaError:
+        return SchemaError(
+            f"defaults={{{column!r}: {value!r}}}: {problem}; give one row of {arrow_type}, "
+            f"e.g. defaults={{{column!r}: {plan.example_default}}}",
+            column=column,
+        )
+
+    if plan.ragged_rank:
+        raise SchemaError(
+            f"defaults={{{column!r}: ...}}: the column is {arrow_type}, a variable-length list, whose nulls "
+            "(records without the feature) already become empty rows; defaults apply to scalar and "
+            "fixed-size columns only, so drop this entry",
+            column=column,
+        )
+    given = np.asarray(value, dtype=object)
+    if given.shape != plan.inner_shape:
+        raise refuse(f"it has shape {given.shape} but a row has shape {plan.inner_shape}")
+    kind = (
+        "bytes or str" if plan.dtype == tf.string
+        else "bool" if plan.dtype == tf.bool
+        else "int or float" if plan.dtype.is_floating
+        else "int"
+    )
+    # bool is an int subclass in Python; True is not a number here.
+    wrong = [v for v in given.flat if not isinstance(v, _DEFAULT_TYPES[kind])
+             or (kind != "bool" and isinstance(v, (bool, np.bool_)))]
+    if wrong:
+        raise refuse(f"{wrong[0]!r} is a {type(wrong[0]).__name__}, not {kind}")
+    storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
+    try:
+        fill = pa.scalar(given.tolist(), storage)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise refuse(str(e)) from None
+    return dataclasses.replace(plan, convert=functools.partial(_filled, fill=fill, convert=plan.convert))
+
+
+def _filled(arr: pa.Array, *, fill: pa.Scalar, convert: _Converter) -> tuple[np.ndarray, list[np.ndarray]]:
+    if arr.null_count:
+        if isinstance(arr, pa.ExtensionArray):
+            arr = pa.ExtensionArray.from_storage(arr.type, pc.fill_null(arr.storage, fill))
+        else:
+            arr = pc.fill_null(arr, fill)
+    return convert(arr)
 
 
 def _list_children(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -284,21 +362,22 @@ def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
     return _plan(arrow_type, "<column>").spec
 
 
-def tensors_from_arrow(table: pa.Table, columns: Sequence[str] | None = None) -> dict[str, tf.Tensor | tf.RaggedTensor]:
+def tensors_from_arrow(
+    table: pa.Table, columns: Sequence[str] | None = None, *, defaults: Mapping[str, Any] | None = None
+) -> dict[str, tf.Tensor | tf.RaggedTensor]:
     """Convert Arrow columns to tensors eagerly, with the same mapping as :func:`tf_dataset`.
 
     Useful where a batch arrives as Arrow outside a ``tf.data`` pipeline, such as
-    a ``map_batches`` function that runs a model.
+    a ``map_batches`` function that runs a model.  ``defaults`` fills null rows
+    of scalar and fixed-size columns, as in :func:`tf_dataset`.
 
     >>> import pyarrow as pa
     >>> tensors_from_arrow(pa.table({"x": pa.array([[1], [2, 3]])}))["x"]
     <tf.RaggedTensor [[1], [2, 3]]>
     """
-    out: dict[str, _Tensor] = {}
-    for name in table.column_names if columns is None else columns:
-        plan = _plan(table.schema.field(name).type, name)
-        out[name] = _tensor(*plan.convert(_single_chunk(table.column(name))))
-    return out
+    names = table.column_names if columns is None else list(columns)
+    plans = _plans_with_defaults(table.schema, names, defaults)
+    return {name: _tensor(*plan.convert(_single_chunk(table.column(name)))) for name, plan in plans.items()}
 
 
 @dataclass(frozen=True)
@@ -446,18 +525,37 @@ def _names(columns: str | Sequence[str] | None) -> list[str]:
     return [columns] if isinstance(columns, str) else list(columns)
 
 
-def _column_plans(source: DataIterator, columns: list[str]) -> dict[str, _Plan]:
+def _column_plans(source: DataIterator, columns: list[str], defaults: Mapping[str, Any] | None) -> dict[str, _Plan]:
     """A plan per distinct column, in order; raises if a column is missing or unsupported."""
     schema = source.schema()
     if schema is None:
         raise ValueError("the dataset is empty or its schema is unknown")
     if not isinstance(schema, pa.Schema):
         schema = schema.base_schema
+    return _plans_with_defaults(schema, columns, defaults)
+
+
+def _plans_with_defaults(schema: pa.Schema, columns: list[str], defaults: Mapping[str, Any] | None) -> dict[str, _Plan]:
+    """A plan per distinct column of ``schema``, in order, filling nulls from ``defaults``."""
     wanted = list(dict.fromkeys(columns))
     missing = [c for c in wanted if c not in schema.names]
     if missing:
         raise ValueError(f"columns {missing} are not in the dataset; it has {schema.names}")
-    return {c: _plan(schema.field(c).type, c) for c in wanted}
+    defaults = dict(defaults or {})
+    unknown = [c for c in defaults if c not in wanted]
+    if unknown:
+        raise SchemaError(
+            f"defaults= names {unknown}, which the feed does not convert; it converts {wanted} "
+            "(the features and label columns)",
+            column=unknown[0],
+        )
+    plans = {}
+    for c in wanted:
+        t = schema.field(c).type
+        plans[c] = _plan(t, c)
+        if c in defaults:
+            plans[c] = _with_default(plans[c], t, c, defaults[c])
+    return plans
 
 
 def _warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = None) -> list[str]:
@@ -525,6 +623,7 @@ def tf_dataset(
     batch_size: int,
     drop_remainder: bool = True,
     steps_per_epoch: int | None = None,
+    defaults: Mapping[str, Any] | None = None,
     cache: bool = False,
     local_shuffle_buffer_size: int | None = None,
     local_shuffle_seed: int | None = None,
@@ -549,6 +648,14 @@ def tf_dataset(
             the step count.
         steps_per_epoch: Yield exactly this many batches per epoch, raising if
             the source runs short.  ``None`` means as many as the data gives.
+        defaults: Values for null rows, by column, like TensorFlow's
+            ``FixedLenFeature(default_value=...)``: a record without a scalar or
+            fixed-length feature reads as a null row, which a tensor cannot
+            hold.  Each value is one row of its column (a scalar, or a list of
+            the column's fixed shape) of the column's kind.  Without one, a
+            null in a scalar or fixed-size column raises ``SchemaError`` naming
+            the column and the null count.  Variable-length lists need none:
+            their null rows are empty.
         cache: Keep the converted batches in memory after the first epoch so
             later epochs do not read through Ray again.  Without it every
             epoch (every new iterator over the returned dataset) re-reads.
@@ -582,7 +689,7 @@ def tf_dataset(
     if isinstance(source, Dataset):
         _warn_constant_length_lists(source, feature_names)
     iterator = source.iterator() if isinstance(source, Dataset) else source
-    plans = _column_plans(iterator, feature_names + label_names)
+    plans = _column_plans(iterator, feature_names + label_names, defaults)
     batching = _Batching.fitting(plans.values(), batch_size, local_shuffle_buffer_size)
     packing = _Packing(plans)
     fetches = _Fetches(

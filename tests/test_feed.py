@@ -13,6 +13,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.feed import tensors_from_arrow, tf_dataset, type_spec
 
 pytestmark = pytest.mark.timeout(300)
@@ -368,3 +369,127 @@ def test_variable_length_lists_do_not_warn(ray_local):
         warnings.simplefilter("error", UserWarning)
         batch = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=4)))
     assert batch.to_list() == [[1], [2, 3], [], [4, 5, 6]]
+
+
+_SPARSE_SCHEMA = pa.schema(
+    [
+        ("i", pa.int64()),
+        ("f", pa.float32()),
+        ("b", pa.binary()),
+        ("v", pa.list_(pa.float32(), 3)),
+        ("id", pa.int64()),
+    ]
+)
+_SPARSE_DEFAULTS = {"i": -1, "f": 0.5, "b": b"none", "v": [1.0, 2.0, 3.0]}
+
+
+def _write_sparse_with_tensorflow(path: str, n: int) -> None:
+    """Records where each of i, f, b and v is absent from some records (a different pattern each)."""
+    with tf.io.TFRecordWriter(path) as w:
+        for k in range(n):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[k]))}
+            if k % 2:
+                feature["i"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[k * 10]))
+            if k % 3:
+                feature["f"] = tf.train.Feature(float_list=tf.train.FloatList(value=[k / 4]))
+            if k % 5:
+                feature["b"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (k % 4)]))
+            if k % 4:
+                feature["v"] = tf.train.Feature(float_list=tf.train.FloatList(value=[k, -k, k / 2]))
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_defaults_fill_absent_features_as_fixed_len_feature_does(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 37)
+    ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    columns = ["i", "f", "b", "v"]
+    feed = tf_dataset(ds, features=columns, label="id", batch_size=8, drop_remainder=False, defaults=_SPARSE_DEFAULTS)
+    spec = {
+        "i": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+        "f": tf.io.FixedLenFeature([], tf.float32, default_value=0.5),
+        "b": tf.io.FixedLenFeature([], tf.string, default_value=b"none"),
+        "v": tf.io.FixedLenFeature([3], tf.float32, default_value=[1.0, 2.0, 3.0]),
+        "id": tf.io.FixedLenFeature([], tf.int64),
+    }
+    expected = [tf.io.parse_example(b, spec) for b in tf.data.TFRecordDataset(path).batch(8)]
+    got = list(feed)
+    assert len(got) == len(expected) == 5
+    for (features, label), want in zip(got, expected, strict=True):
+        for name in columns:
+            _assert_same(features[name], want[name])
+        _assert_same(label, want["id"])
+    # The defaults really were used: row 0 lacks every optional feature.
+    first = got[0][0]
+    assert (first["i"][0].numpy(), first["b"][0].numpy(), first["v"][0].numpy().tolist()) == (-1, b"none", [1, 2, 3])
+
+
+def test_nulls_without_a_default_name_the_column_count_and_fix(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 12)
+    ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    # 12 rows, i present only in odd records: 6 nulls.
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(tf_dataset(ds, features="i", batch_size=12))
+    assert (
+        "SchemaError: column 'i': 6 of the 12 rows in this batch are null (records without the feature), and a "
+        "TensorFlow tensor cannot hold nulls; pass defaults={'i': 0} to fill them, as FixedLenFeature's "
+        "default_value does"
+    ) in str(raised.value)
+    table = ds.to_arrow_refs()
+    table = pa.concat_tables(ray.get(table))
+    with pytest.raises(SchemaError, match=r"column 'v': 3 of the 12 rows .* defaults=\{'v': \[0\.0\] \* 3\}"):
+        tensors_from_arrow(table, ["v"])
+    with pytest.raises(SchemaError, match=r"column 'b': 3 of the 12 rows .* defaults=\{'b': b\"\"\}"):
+        tensors_from_arrow(table, ["b"])
+    # Partial defaults: the column without one still fails.
+    with pytest.raises(SchemaError, match="column 'f'"):
+        tensors_from_arrow(table, ["i", "f"], defaults={"i": 0})
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"nope": 1}, r"column 'nope': defaults= names \['nope'\], which the feed does not convert"),
+        ({"tokens": 0}, r"column 'tokens': defaults=\{'tokens': ...\}: the column is list<item: int64>, a variable"),
+        ({"i": 1.5}, r"column 'i': defaults=\{'i': 1.5\}: 1.5 is a float, not int; give one row of int64"),
+        ({"i": True}, r"column 'i': defaults=\{'i': True\}: True is a bool, not int"),
+        ({"f": "0"}, r"column 'f': defaults=\{'f': '0'\}: '0' is a str, not int or float"),
+        ({"b": 0}, r"column 'b': defaults=\{'b': 0\}: 0 is a int, not bytes or str"),
+        ({"small": 300}, r"column 'small': defaults=\{'small': 300\}: .*300"),
+        ({"v": [1.0, 2.0]}, r"column 'v': defaults=\{'v': \[1.0, 2.0\]\}: it has shape \(2,\) but a row has shape \(3,\)"),
+        ({"f": [1.0]}, r"column 'f': defaults=\{'f': \[1.0\]\}: it has shape \(1,\) but a row has shape \(\)"),
+    ],
+)
+def test_bad_defaults_are_refused_before_reading(ray_local, defaults, message):
+    table = pa.table(
+        {
+            "i": pa.array([1, None], pa.int64()),
+            "f": pa.array([1.0, None], pa.float32()),
+            "b": pa.array([b"a", None]),
+            "v": pa.array([[1, 2, 3], None], pa.list_(pa.float32(), 3)),
+            "small": pa.array([1, None], pa.int8()),
+            "tokens": pa.array([[1], None]),
+        }
+    )
+    with pytest.raises(SchemaError, match=message):
+        tf_dataset(ray.data.from_arrow(table), features=table.column_names, batch_size=2, defaults=defaults)
+    with pytest.raises(SchemaError, match=message):
+        tensors_from_arrow(table, defaults=defaults)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=20),
+    default=st.integers(-(2**63), 2**63 - 1),
+    start=st.integers(0, 20),
+)
+def test_defaults_fill_exactly_the_null_rows(values, default, start):
+    arr = pa.array(values, pa.int64()).slice(min(start, len(values)))
+    got = tensors_from_arrow(pa.table({"x": arr}), defaults={"x": default})["x"]
+    assert got.dtype == tf.int64
+    assert got.numpy().tolist() == [default if v is None else v for v in arr.to_pylist()]
