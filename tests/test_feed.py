@@ -493,3 +493,43 @@ def test_defaults_fill_exactly_the_null_rows(values, default, start):
     got = tensors_from_arrow(pa.table({"x": arr}), defaults={"x": default})["x"]
     assert got.dtype == tf.int64
     assert got.numpy().tolist() == [default if v is None else v for v in arr.to_pylist()]
+
+
+def test_serialized_records_decode_in_the_feed_as_tensorflow_parses_them(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 37)
+    # Several blocks, so fetches straddle them and arrive as sliced binary arrays.
+    records = ray_tfrecord.read_tfrecords(path, record_type="ByteArray").repartition(3)
+    columns = ["i", "f", "b", "v"]
+    feed = tf_dataset(
+        records,
+        features=columns,
+        label="id",
+        batch_size=8,
+        drop_remainder=False,
+        defaults=_SPARSE_DEFAULTS,
+        record_schema=_SPARSE_SCHEMA,
+    )
+    decoded = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    expected = list(tf_dataset(decoded, features=columns, label="id", batch_size=8, drop_remainder=False,
+                               defaults=_SPARSE_DEFAULTS))
+    got = list(feed)
+    assert len(got) == len(expected) == 5
+    for (features, label), (want, want_label) in zip(got, expected, strict=True):
+        for name in columns:
+            _assert_same(features[name], want[name])
+        _assert_same(label, want_label)
+    spec = {"v": tf.io.FixedLenFeature([3], tf.float32, default_value=_SPARSE_DEFAULTS["v"])}
+    parsed = tf.io.parse_example(next(iter(tf.data.TFRecordDataset(path).batch(37))), spec)
+    np.testing.assert_array_equal(np.concatenate([f["v"].numpy() for f, _ in got]), parsed["v"].numpy())
+
+
+def test_record_schema_needs_serialized_records(ray_local):
+    ds = ray.data.from_arrow(pa.table({"x": pa.array([1, 2])}))
+    with pytest.raises(ValueError, match=r"record_type='ByteArray'"):
+        tf_dataset(ds, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())]))
+    bad = ray.data.from_arrow(pa.table({"record": pa.array([b"\xff\xff"], pa.binary())}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="DecodeError: serialized records fed to tf_dataset"):
+        list(tf_dataset(bad, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())])))
