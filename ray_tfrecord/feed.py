@@ -80,6 +80,9 @@ _FETCH_ROWS = 4096
 _FETCH_BYTES = 16 << 20
 _VAR_BYTES = 64
 
+# Row size from which a dense component is not worth copying into a shared buffer (see _Packing).
+_ALONE_ROW_BYTES = 256
+
 # Rows sampled by _warn_constant_length_lists.
 _SAMPLE_ROWS = 1024
 
@@ -483,20 +486,27 @@ class _Decoding:
 
 
 class _Packing:
-    """Carries a fetch's arrays through ``from_generator`` as one buffer per dtype.
+    """Carries a fetch's arrays through ``from_generator`` as few buffers.
 
     ``from_generator`` pays a fixed cost for every array it converts, which for
-    a 25-column batch outweighs copying the data, so the components (leaf
-    values and row splits of every column) are concatenated per dtype on the
-    Python side and split apart again inside the ``tf.data`` graph.
+    a 25-column batch outweighs copying the data, so the narrow components
+    (leaf values and row splits of every column) are concatenated per dtype on
+    the Python side and split apart again inside the ``tf.data`` graph.  A wide
+    dense component (an image's pixels) travels alone: copying it would cost
+    more than the conversion it saves.
     """
 
     def __init__(self, plans: dict[str, _Plan]) -> None:
         self.plans = plans
         components = [spec for plan in plans.values() for spec in plan.component_specs]
         self.inner_shapes = [shape for shape, _ in components]
-        self.dtypes = list(dict.fromkeys(dtype for _, dtype in components))
-        self.members = [[i for i, (_, d) in enumerate(components) if d == g] for g in self.dtypes]
+        groups = [
+            i if int(np.prod(shape)) * dtype.size >= _ALONE_ROW_BYTES else dtype
+            for i, (shape, dtype) in enumerate(components)
+        ]
+        keys = list(dict.fromkeys(groups))
+        self.members = [[i for i, g in enumerate(groups) if g == key] for key in keys]
+        self.dtypes = [components[m[0]][1] for m in self.members]
 
     def signature(self) -> tuple[tf.TensorSpec, ...]:
         buffers = tuple(tf.TensorSpec((None,), d) for d in self.dtypes)
