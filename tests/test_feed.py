@@ -533,3 +533,23 @@ def test_record_schema_needs_serialized_records(ray_local):
     bad = ray.data.from_arrow(pa.table({"record": pa.array([b"\xff\xff"], pa.binary())}))
     with pytest.raises(tf.errors.InvalidArgumentError, match="DecodeError: serialized records fed to tf_dataset"):
         list(tf_dataset(bad, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())])))
+
+
+def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
+    """A wide int64 vector beside narrow int64 columns: unpacked exactly as converted directly."""
+    rng = np.random.default_rng(11)
+    n = 50
+    table = pa.table(
+        {
+            "wide": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 1 << 40, n * 40)), 40),
+            "tokens": pa.array([rng.integers(0, 9, int(k)).tolist() for k in rng.integers(0, 4, n)], pa.list_(pa.int64())),
+            "label": pa.array(rng.integers(0, 5, n)),
+        }
+    )
+    ds = ray.data.from_arrow([table.slice(0, 20), table.slice(20)])
+    got = list(tf_dataset(ds, features=["wide", "tokens"], label="label", batch_size=16, drop_remainder=False))
+    assert [int(label.shape[0]) for _, label in got] == [16, 16, 16, 2]
+    want = tensors_from_arrow(table)
+    np.testing.assert_array_equal(np.concatenate([f["wide"].numpy() for f, _ in got]), want["wide"].numpy())
+    assert sum((f["tokens"].to_list() for f, _ in got), []) == want["tokens"].to_list()
+    np.testing.assert_array_equal(np.concatenate([y.numpy() for _, y in got]), want["label"].numpy())
