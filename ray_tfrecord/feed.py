@@ -69,7 +69,7 @@ import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
 from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, _is_bytes, _is_var_list, decode
-from ray_tfrecord.errors import SchemaError
+from ray_tfrecord.errors import DecodeError, SchemaError
 from ray_tfrecord.framing import RecordChunk
 
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
@@ -481,8 +481,17 @@ class _Decoding:
         buffer = np.empty(_HEADER_BYTES + end - start, np.uint8)
         if end > start:
             buffer[_HEADER_BYTES:] = np.frombuffer(records.buffers()[2], np.uint8, end - start, start)
-        chunk = RecordChunk(buffer, offsets[:-1] - start, np.diff(offsets), 0, "serialized records fed to tf_dataset")
-        return pa.Table.from_batches([decode(chunk, self.schema)])
+        chunk = RecordChunk(buffer, offsets[:-1] - start, np.diff(offsets), 0, "serialized records")
+        try:
+            return pa.Table.from_batches([decode(chunk, self.schema)])
+        except DecodeError as e:
+            # Offsets into this buffer mean nothing to the caller; the record's place in the batch does.
+            where = "" if e.offset is None else f"record {int(np.searchsorted(chunk.positions, e.offset))} "
+            raise DecodeError(
+                f"{where}of a {len(chunk)}-record batch fed with record_schema=: {e.reason}; "
+                "read the files with read_tfrecords(..., schema=...) to locate it by file and offset",
+                column=e.column,
+            ) from None
 
 
 class _Packing:
