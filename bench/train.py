@@ -74,7 +74,7 @@ def _inputs(features: list[str]):
 
 
 def _feeds(config: dict, set_name: str) -> dict:
-    """The feeds of one column set, as functions returning a fresh epoch's dataset."""
+    """The feeds of one column set; each new iterator over one is a new epoch."""
     import ray.train
     import tensorflow as tf
 
@@ -84,7 +84,7 @@ def _feeds(config: dict, set_name: str) -> dict:
     shard = ray.train.get_dataset_shard(set_name)
     schema = pa.ipc.read_schema(pa.py_buffer(config["schemas"][dataset]))
     ours = tf_dataset(shard, features=_inputs(features), label=label, batch_size=BATCH)
-    feeds = {OURS: lambda: ours}
+    feeds = {OURS: ours}
     if LATE in impls:
         late = tf_dataset(
             ray.train.get_dataset_shard(f"{set_name}_records"),
@@ -93,7 +93,7 @@ def _feeds(config: dict, set_name: str) -> dict:
             batch_size=BATCH,
             record_schema=schema,
         )
-        feeds[LATE] = lambda: late
+        feeds[LATE] = late
     options = tf.data.Options()
     # Ray already sharded: Keras must not shard the Ray feeds, nor the per-worker files, again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -107,7 +107,7 @@ def _feeds(config: dict, set_name: str) -> dict:
             feature_type_spec=specs[features[0]] if len(features) == 1 else specs,
             label_type_spec=_spec_of(schema.field(label).type),
         ).with_options(options)
-        feeds[TO_TF] = lambda: to_tf
+        feeds[TO_TF] = to_tf
     context = ray.train.get_context()
     files = config["files"][dataset][context.get_world_rank() :: context.get_world_size()]
     spec = {k: v for k, v in tf_feature_spec(schema).items() if k in features or k == label}
@@ -119,7 +119,7 @@ def _feeds(config: dict, set_name: str) -> dict:
         .prefetch(tf.data.AUTOTUNE)
         .with_options(options)
     )
-    feeds[TF_DATA] = lambda: per_worker
+    feeds[TF_DATA] = per_worker
     return feeds
 
 
@@ -180,14 +180,13 @@ def _loop(config: dict) -> None:
         features = SETS[set_name][1]
         feeds = _feeds(config, set_name)
         drained = {name: [] for name in feeds}
-        for name, make in feeds.items():
-            _drain(make(), step)
+        for feed in feeds.values():
+            _drain(feed, step)
         for _ in range(config["rounds"]):
-            for name, make in feeds.items():
-                drained[name].append(_drain(make(), step))
+            for name, feed in feeds.items():
+                drained[name].append(_drain(feed, step))
         fitted = {}
-        for name, make in feeds.items():
-            feed = make()
+        for name, feed in feeds.items():
             with strategy.scope():
                 model = _model(tf, features, feed.element_spec)
             times: list[float] = []
