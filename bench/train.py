@@ -23,7 +23,8 @@ epoch and touches every tensor; ``fit`` is Keras ``fit`` of a one-layer model un
 Every feed first runs one warm-up epoch (tracing, worker start-up); then the feeds take
 turns for ``ROUNDS`` epochs each and the median counts. An epoch is timed whole, from
 creating its iterator to its last batch, so a feed's per-epoch start-up is part of
-its rate. rows/s is the rows both workers received divided by the slower worker's time.
+its rate (the drain rows note how long the first batch took). rows/s is the rows both
+workers received divided by the slower worker's time.
 """
 
 from __future__ import annotations
@@ -138,12 +139,15 @@ def _touch():
     return step
 
 
-def _drain(dataset, step) -> tuple[int, float]:
-    start, rows = time.perf_counter(), 0
+def _drain(dataset, step) -> tuple[int, float, float]:
+    """Rows, seconds, and seconds until the first batch (Ray's per-epoch start-up, for Ray feeds)."""
+    start, rows, first = time.perf_counter(), 0, None
     for features, label in dataset:
         step(features, label)
+        if first is None:
+            first = time.perf_counter() - start
         rows += int(label.shape[0])
-    return rows, time.perf_counter() - start
+    return rows, time.perf_counter() - start, first
 
 
 def _model(tf, features: list[str], element_spec):
@@ -200,18 +204,21 @@ def _loop(config: dict) -> None:
 
             model.fit(feed, epochs=1 + config["fit_epochs"], callbacks=[Clock()], verbose=0)
             rows = drained[name][0][0]
-            fitted[name] = [(rows, t) for t in times[1:]]
+            fitted[name] = [(rows, t, None) for t in times[1:]]
         results[set_name] = {"drain": drained, "fit": fitted}
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
 
-def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, float]:
-    """Median over rounds of (rows of all ranks) / (slowest rank's seconds)."""
+def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, tuple[float, float | None]]:
+    """Per feed: the median over rounds of (rows of all ranks) / (slowest rank's seconds), and
+    the median of the slowest rank's wait for its first batch (drain only)."""
     out = {}
     for impl in per_rank[0][set_name][mode]:
-        rounds = zip(*(r[set_name][mode][impl] for r in per_rank), strict=True)
-        out[impl] = statistics.median(sum(rows for rows, _ in rnd) / max(s for _, s in rnd) for rnd in rounds)
+        rounds = list(zip(*(r[set_name][mode][impl] for r in per_rank), strict=True))
+        rate = statistics.median(sum(rows for rows, _, _ in rnd) / max(s for _, s, _ in rnd) for rnd in rounds)
+        firsts = [max(f for _, _, f in rnd) for rnd in rounds if rnd[0][2] is not None]
+        out[impl] = (rate, statistics.median(firsts) if firsts else None)
     return out
 
 
@@ -261,10 +268,13 @@ def run(ctx) -> list[dict]:
         n_rows = ctx.image_rows if dataset == "image" else ctx.tabular_rows
         bytes_per_row = ctx.bytes(dataset) / n_rows
         for mode in ("drain", "fit"):
-            rates = _rates(per_rank, set_name, mode)
+            measured = _rates(per_rank, set_name, mode)
+            rates = {impl: rate for impl, (rate, _) in measured.items()}
             best = max(rates[OURS], rates[LATE])
-            for impl, rate in rates.items():
+            for impl, (rate, first) in measured.items():
                 note = f"{WORKERS} workers, {mode}, global batch {BATCH}"
+                if first is not None:
+                    note += f", first batch after {first:.2f}s"
                 if impl not in (OURS, LATE):
                     note += f"; ours is {rates[OURS] / rate:.2f}x, {best / rate:.2f}x at best"
                 rows.append(
