@@ -252,7 +252,16 @@ def _dense_values(
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     if arr.null_count:
         _refuse_nulls(arr, column, _plan(arr.type, column))
-    values, _ = inner(children(arr))
+    elements = children(arr)
+    if elements.null_count:
+        # Not an absent feature (TFRecord cannot express this), so defaults= is no fix.
+        raise SchemaError(
+            f"{elements.null_count} values inside the rows of this batch are null, and a TensorFlow tensor "
+            "cannot hold nulls; defaults= fills only whole null rows, so fill these first "
+            "(Dataset.map_batches with pyarrow.compute.fill_null on the list's values)",
+            column=column,
+        )
+    values, _ = inner(elements)
     return values.reshape((len(arr), *shape)), []
 
 

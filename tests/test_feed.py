@@ -553,3 +553,10 @@ def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
     np.testing.assert_array_equal(np.concatenate([f["wide"].numpy() for f, _ in got]), want["wide"].numpy())
     assert sum((f["tokens"].to_list() for f, _ in got), []) == want["tokens"].to_list()
     np.testing.assert_array_equal(np.concatenate([y.numpy() for _, y in got]), want["label"].numpy())
+
+
+def test_nulls_inside_fixed_size_rows_are_not_offered_defaults():
+    table = pa.table({"v": pa.array([[1.0, None], [2.0, 3.0]], pa.list_(pa.float32(), 2))})
+    for defaults in (None, {"v": [0.0, 0.0]}):
+        with pytest.raises(SchemaError, match=r"column 'v': 1 values inside the rows of this batch are null.*defaults= fills only whole null rows"):
+            tensors_from_arrow(table, defaults=defaults)
