@@ -485,11 +485,16 @@ class _Decoding:
             records.buffers()[1], np.int32 if width == 4 else np.int64, len(records) + 1, records.offset * width
         ).astype(np.int64)
         start, end = int(offsets[0]), int(offsets[-1])
-        # The decoder reads each payload after a record header; the gap in front of the
-        # first payload stands for it (the decoder reads nothing from headers).
-        buffer = np.empty(_HEADER_BYTES + end - start, np.uint8)
-        if end > start:
-            buffer[_HEADER_BYTES:] = np.frombuffer(records.buffers()[2], np.uint8, end - start, start)
+        # The decoder finds each payload _HEADER_BYTES after its record's position and reads
+        # nothing in between, so the bytes before a payload may be anything: the previous
+        # record's tail, or (at the start of the data, nothing being there) a copy's gap.
+        data = records.buffers()[2]
+        if start >= _HEADER_BYTES:
+            buffer = memoryview(data)[start - _HEADER_BYTES : end]
+        else:
+            buffer = np.empty(_HEADER_BYTES + end - start, np.uint8)
+            if end > start:
+                buffer[_HEADER_BYTES:] = np.frombuffer(data, np.uint8, end - start, start)
         chunk = RecordChunk(buffer, offsets[:-1] - start, np.diff(offsets), 0, "serialized records")
         try:
             return pa.Table.from_batches([decode(chunk, self.schema)])
