@@ -560,3 +560,27 @@ def test_nulls_inside_fixed_size_rows_are_not_offered_defaults():
     for defaults in (None, {"v": [0.0, 0.0]}):
         with pytest.raises(SchemaError, match=r"column 'v': 1 values inside the rows of this batch are null.*defaults= fills only whole null rows"):
             tensors_from_arrow(table, defaults=defaults)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), st.lists(st.integers(0, 255), max_size=6)),
+        min_size=1,
+        max_size=12,
+    ),
+    start=st.integers(0, 12),
+)
+def test_serialized_records_decode_as_the_reader_does(rows, start):
+    """Records sliced anywhere (zero-copy or copied path) decode to what codec.decode gives."""
+    from ray_tfrecord import codec
+    from ray_tfrecord.feed import _Decoding
+
+    schema = pa.schema([("n", pa.int64()), ("px", pa.list_(pa.int64()))])
+    table = pa.table([pa.array([n for n, _ in rows], pa.int64()), pa.array([p for _, p in rows])], schema=schema)
+    framed = codec.encode(table)
+    ends = [*framed.offsets[1:], len(framed.data)]
+    payloads = [bytes(framed.data[o + 12 : e - 4]) for o, e in zip(framed.offsets, ends, strict=True)]
+    records = pa.array(payloads, pa.binary()).slice(min(start, len(payloads) - 1))
+    got = _Decoding(schema)(pa.table({"record": records}))
+    assert got.to_pylist() == table.slice(min(start, len(payloads) - 1)).to_pylist()
