@@ -21,10 +21,10 @@ epoch and touches every tensor; ``fit`` is Keras ``fit`` of a one-layer model un
 ``MultiWorkerMirroredStrategy`` with global batch ``BATCH``.
 
 Every feed first runs one warm-up epoch (tracing, worker start-up); then the feeds take
-turns for ``ROUNDS`` epochs each and the median counts. An epoch is timed whole, from
-creating its iterator to its last batch, so a feed's per-epoch start-up is part of
-its rate (the drain rows note how long the first batch took). rows/s is the rows both
-workers received divided by the slower worker's time.
+turns for ``ROUNDS`` epochs each and the median counts; the ranks meet at a barrier before
+every epoch. An epoch is timed whole, from creating its iterator to its last batch, so a
+feed's per-epoch start-up is part of its rate (the drain rows note how long the first batch
+took). rows/s is the rows both workers received divided by the slower worker's time.
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ def _model(tf, features: list[str], element_spec):
 def _loop(config: dict) -> None:
     import ray.train
     import tensorflow as tf
+    from ray.train.collective import barrier
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
@@ -185,9 +186,13 @@ def _loop(config: dict) -> None:
         feeds = _feeds(config, set_name)
         drained = {name: [] for name in feeds}
         for feed in feeds.values():
+            barrier()
             _drain(feed, step)
         for _ in range(config["rounds"]):
             for name, feed in feeds.items():
+                # Both ranks start together, so no feed's time holds the other rank's lag
+                # from the feed before (Ray's split waits for every rank to start an epoch).
+                barrier()
                 drained[name].append(_drain(feed, step))
         fitted = {}
         for name, feed in feeds.items():
@@ -202,6 +207,7 @@ def _loop(config: dict) -> None:
                 def on_epoch_end(self, epoch, logs=None):
                     times[-1] = time.perf_counter() - times[-1]
 
+            barrier()
             model.fit(feed, epochs=1 + config["fit_epochs"], callbacks=[Clock()], verbose=0)
             rows = drained[name][0][0]
             fitted[name] = [(rows, t, None) for t in times[1:]]
@@ -217,7 +223,8 @@ def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, tuple[fl
     for impl in per_rank[0][set_name][mode]:
         rounds = list(zip(*(r[set_name][mode][impl] for r in per_rank), strict=True))
         rate = statistics.median(sum(rows for rows, _, _ in rnd) / max(s for _, s, _ in rnd) for rnd in rounds)
-        firsts = [max(f for _, _, f in rnd) for rnd in rounds if rnd[0][2] is not None]
+        # None: fit epochs, or a rank whose epoch gave no batch (tiny --quick data).
+        firsts = [max(f for _, _, f in rnd if f is not None) for rnd in rounds if any(f is not None for *_, f in rnd)]
         out[impl] = (rate, statistics.median(firsts) if firsts else None)
     return out
 
