@@ -15,7 +15,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SECTIONS = ["codec", "ray_io", "feed", "soak"]
+SECTIONS = ["codec", "ray_io", "feed", "train", "soak"]
 
 
 def _fmt(v, digits=0):

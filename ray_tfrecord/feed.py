@@ -54,9 +54,10 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,9 @@ import ray.train
 import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
-from ray_tfrecord.codec import _is_bytes, _is_var_list
+from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, _is_bytes, _is_var_list, decode
+from ray_tfrecord.errors import DecodeError, SchemaError
+from ray_tfrecord.framing import RecordChunk
 
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 
@@ -76,6 +79,9 @@ __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 _FETCH_ROWS = 4096
 _FETCH_BYTES = 16 << 20
 _VAR_BYTES = 64
+
+# Row size from which a dense component is not worth copying into a shared buffer (see _Packing).
+_ALONE_ROW_BYTES = 256
 
 # Rows sampled by _warn_constant_length_lists.
 _SAMPLE_ROWS = 1024
@@ -97,6 +103,22 @@ _NUMERIC_DTYPES: dict[pa.DataType, tf.DType] = {
     pa.float32(): tf.float32,
     pa.float64(): tf.float64,
 }
+
+# A value of each kind, to show in a message what a default looks like.
+_EXAMPLE_VALUES = {tf.string: 'b""', tf.bool: "False"}
+
+# Python and numpy types a default may hold, by the kind of the column's values;
+# anything else (a float for an integer column, say) would be silently converted.
+_INTEGERS = (int, np.integer)
+_DEFAULT_TYPES: dict[str, tuple[type, ...]] = {
+    "bytes or str": (bytes, str),
+    "bool": (bool, np.bool_),
+    "int": _INTEGERS,
+    "int or float": (*_INTEGERS, float, np.floating),
+}
+
+# Bytes of a TFRecord header (length and its CRC) that the decoder expects before a payload.
+_HEADER_BYTES = 12
 
 _Tensor = tf.Tensor | tf.RaggedTensor
 _Converter = Callable[[pa.Array], tuple[np.ndarray, list[np.ndarray]]]
@@ -135,6 +157,14 @@ class _Plan:
         if self.ragged_rank or self.dtype == tf.string:
             return _VAR_BYTES
         return int(np.prod(self.inner_shape)) * self.dtype.size
+
+    @property
+    def example_default(self) -> str:
+        """A ``defaults=`` value of this plan's row shape and kind, as Python source."""
+        value = _EXAMPLE_VALUES.get(self.dtype, "0.0" if self.dtype.is_floating else "0")
+        for n in reversed(self.inner_shape):
+            value = f"[{value}] * {n}"
+        return value
 
     @property
     def component_specs(self) -> list[tuple[tuple[int, ...], tf.DType]]:
@@ -200,7 +230,7 @@ def _leaf_values(
     arr: pa.Array, *, column: str, zero_copy: bool, as_binary: bool
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     if arr.null_count:
-        _refuse_nulls(arr, column)
+        _refuse_nulls(arr, column, _plan(arr.type, column))
     if as_binary:
         arr = arr.cast(pa.large_binary())
     return arr.to_numpy(zero_copy_only=zero_copy), []
@@ -221,8 +251,17 @@ def _dense_values(
     shape: tuple[int, ...],
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     if arr.null_count:
-        _refuse_nulls(arr, column)
-    values, _ = inner(children(arr))
+        _refuse_nulls(arr, column, _plan(arr.type, column))
+    elements = children(arr)
+    if elements.null_count:
+        # Not an absent feature (TFRecord cannot express this), so defaults= is no fix.
+        raise SchemaError(
+            f"{elements.null_count} values inside the rows of this batch are null, and a TensorFlow tensor "
+            "cannot hold nulls; defaults= fills only whole null rows, so fill these first "
+            "(Dataset.map_batches with pyarrow.compute.fill_null on the list's values)",
+            column=column,
+        )
+    values, _ = inner(elements)
     return values.reshape((len(arr), *shape)), []
 
 
@@ -231,12 +270,67 @@ def _tensor_storage_values(arr: pa.Array) -> pa.Array:
     return _list_children(arr.storage)[0]
 
 
-def _refuse_nulls(arr: pa.Array, column: str) -> None:
-    raise ValueError(
-        f"column {column!r} has {arr.null_count} null value(s) outside a "
-        "variable-length list; TensorFlow tensors cannot hold nulls "
-        "(fill them first, e.g. with Dataset.map_batches and pyarrow.compute.fill_null)"
+def _refuse_nulls(arr: pa.Array, column: str, plan: _Plan) -> None:
+    raise SchemaError(
+        f"{arr.null_count} of the {len(arr)} rows in this batch are null (records without the feature), "
+        "and a TensorFlow tensor cannot hold nulls; pass "
+        f"defaults={{{column!r}: {plan.example_default}}} to fill them, as FixedLenFeature's default_value does",
+        column=column,
     )
+
+
+def _with_default(plan: _Plan, arrow_type: pa.DataType, column: str, value: Any) -> _Plan:
+    """``plan`` with null rows replaced by ``value`` before conversion.
+
+    ``value`` must be one row of the column as TensorFlow's ``FixedLenFeature``
+    ``default_value`` would be: the row's shape, and values of the column's kind
+    (no float for an integer column, no number for a string column), so that
+    nothing is converted behind the caller's back.
+    """
+
+    def refuse(problem: str) -> SchemaError:
+        return SchemaError(
+            f"defaults={{{column!r}: {value!r}}}: {problem}; give one row of {arrow_type}, "
+            f"e.g. defaults={{{column!r}: {plan.example_default}}}",
+            column=column,
+        )
+
+    if plan.ragged_rank:
+        raise SchemaError(
+            f"defaults={{{column!r}: ...}}: the column is {arrow_type}, a variable-length list, whose nulls "
+            "(records without the feature) already become empty rows; defaults apply to scalar and "
+            "fixed-size columns only, so drop this entry",
+            column=column,
+        )
+    given = np.asarray(value, dtype=object)
+    if given.shape != plan.inner_shape:
+        raise refuse(f"it has shape {given.shape} but a row has shape {plan.inner_shape}")
+    kind = (
+        "bytes or str" if plan.dtype == tf.string
+        else "bool" if plan.dtype == tf.bool
+        else "int or float" if plan.dtype.is_floating
+        else "int"
+    )
+    # bool is an int subclass in Python; True is not a number here.
+    wrong = [v for v in given.flat if not isinstance(v, _DEFAULT_TYPES[kind])
+             or (kind != "bool" and isinstance(v, (bool, np.bool_)))]
+    if wrong:
+        raise refuse(f"{wrong[0]!r} is a {type(wrong[0]).__name__}, not {kind}")
+    storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
+    try:
+        fill = pa.scalar(given.tolist(), storage)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise refuse(str(e)) from None
+    return dataclasses.replace(plan, convert=functools.partial(_filled, fill=fill, convert=plan.convert))
+
+
+def _filled(arr: pa.Array, *, fill: pa.Scalar, convert: _Converter) -> tuple[np.ndarray, list[np.ndarray]]:
+    if arr.null_count:
+        if isinstance(arr, pa.ExtensionArray):
+            arr = pa.ExtensionArray.from_storage(arr.type, pc.fill_null(arr.storage, fill))
+        else:
+            arr = pc.fill_null(arr, fill)
+    return convert(arr)
 
 
 def _list_children(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -284,21 +378,22 @@ def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
     return _plan(arrow_type, "<column>").spec
 
 
-def tensors_from_arrow(table: pa.Table, columns: Sequence[str] | None = None) -> dict[str, tf.Tensor | tf.RaggedTensor]:
+def tensors_from_arrow(
+    table: pa.Table, columns: Sequence[str] | None = None, *, defaults: Mapping[str, Any] | None = None
+) -> dict[str, tf.Tensor | tf.RaggedTensor]:
     """Convert Arrow columns to tensors eagerly, with the same mapping as :func:`tf_dataset`.
 
     Useful where a batch arrives as Arrow outside a ``tf.data`` pipeline, such as
-    a ``map_batches`` function that runs a model.
+    a ``map_batches`` function that runs a model.  ``defaults`` fills null rows
+    of scalar and fixed-size columns, as in :func:`tf_dataset`.
 
     >>> import pyarrow as pa
     >>> tensors_from_arrow(pa.table({"x": pa.array([[1], [2, 3]])}))["x"]
     <tf.RaggedTensor [[1], [2, 3]]>
     """
-    out: dict[str, _Tensor] = {}
-    for name in table.column_names if columns is None else columns:
-        plan = _plan(table.schema.field(name).type, name)
-        out[name] = _tensor(*plan.convert(_single_chunk(table.column(name))))
-    return out
+    names = table.column_names if columns is None else list(columns)
+    plans = _plans_with_defaults(table.schema, names, defaults)
+    return {name: _tensor(*plan.convert(_single_chunk(table.column(name)))) for name, plan in plans.items()}
 
 
 @dataclass(frozen=True)
@@ -370,21 +465,71 @@ class _Fetches:
             )
 
 
+@dataclass(frozen=True)
+class _Decoding:
+    """Decodes a fetch of serialized ``Example`` records (``record_type="ByteArray"``) in this process.
+
+    The records travel through Ray's object store as their serialized bytes,
+    which for wide integer rows are several times smaller than the decoded
+    columns (784 int64 pixels: about 1.2 KB against 6.3 KB), and the native
+    decoder runs here, with the GIL released, into the Arrow buffers the
+    tensors are made from.
+    """
+
+    schema: pa.Schema
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        records = _single_chunk(table.column(BYTE_ARRAY_SCHEMA.names[0]))
+        width = 8 if pa.types.is_large_binary(records.type) else 4
+        offsets = np.frombuffer(
+            records.buffers()[1], np.int32 if width == 4 else np.int64, len(records) + 1, records.offset * width
+        ).astype(np.int64)
+        start, end = int(offsets[0]), int(offsets[-1])
+        # The decoder finds each payload _HEADER_BYTES after its record's position and reads
+        # nothing in between, so the bytes before a payload may be anything: the previous
+        # record's tail, or (at the start of the data, nothing being there) a copy's gap.
+        data = records.buffers()[2]
+        if start >= _HEADER_BYTES:
+            buffer = memoryview(data)[start - _HEADER_BYTES : end]
+        else:
+            buffer = np.empty(_HEADER_BYTES + end - start, np.uint8)
+            if end > start:
+                buffer[_HEADER_BYTES:] = np.frombuffer(data, np.uint8, end - start, start)
+        chunk = RecordChunk(buffer, offsets[:-1] - start, np.diff(offsets), 0, "serialized records")
+        try:
+            return pa.Table.from_batches([decode(chunk, self.schema)])
+        except DecodeError as e:
+            # Offsets into this buffer mean nothing to the caller; the record's place in the batch does.
+            where = "" if e.offset is None else f"record {int(np.searchsorted(chunk.positions, e.offset))} "
+            raise DecodeError(
+                f"{where}of a {len(chunk)}-record batch fed with record_schema=: {e.reason}; "
+                "read the files with read_tfrecords(..., schema=...) to locate it by file and offset",
+                column=e.column,
+            ) from None
+
+
 class _Packing:
-    """Carries a fetch's arrays through ``from_generator`` as one buffer per dtype.
+    """Carries a fetch's arrays through ``from_generator`` as few buffers.
 
     ``from_generator`` pays a fixed cost for every array it converts, which for
-    a 25-column batch outweighs copying the data, so the components (leaf
-    values and row splits of every column) are concatenated per dtype on the
-    Python side and split apart again inside the ``tf.data`` graph.
+    a 25-column batch outweighs copying the data, so the narrow components
+    (leaf values and row splits of every column) are concatenated per dtype on
+    the Python side and split apart again inside the ``tf.data`` graph.  A wide
+    dense component (an image's pixels) travels alone: copying it would cost
+    more than the conversion it saves.
     """
 
     def __init__(self, plans: dict[str, _Plan]) -> None:
         self.plans = plans
         components = [spec for plan in plans.values() for spec in plan.component_specs]
         self.inner_shapes = [shape for shape, _ in components]
-        self.dtypes = list(dict.fromkeys(dtype for _, dtype in components))
-        self.members = [[i for i, (_, d) in enumerate(components) if d == g] for g in self.dtypes]
+        groups = [
+            i if int(np.prod(shape)) * dtype.size >= _ALONE_ROW_BYTES else dtype
+            for i, (shape, dtype) in enumerate(components)
+        ]
+        keys = list(dict.fromkeys(groups))
+        self.members = [[i for i, g in enumerate(groups) if g == key] for key in keys]
+        self.dtypes = [components[m[0]][1] for m in self.members]
 
     def signature(self) -> tuple[tf.TensorSpec, ...]:
         buffers = tuple(tf.TensorSpec((None,), d) for d in self.dtypes)
@@ -446,18 +591,52 @@ def _names(columns: str | Sequence[str] | None) -> list[str]:
     return [columns] if isinstance(columns, str) else list(columns)
 
 
-def _column_plans(source: DataIterator, columns: list[str]) -> dict[str, _Plan]:
+def _column_plans(source: DataIterator, columns: list[str], defaults: Mapping[str, Any] | None) -> dict[str, _Plan]:
     """A plan per distinct column, in order; raises if a column is missing or unsupported."""
     schema = source.schema()
     if schema is None:
         raise ValueError("the dataset is empty or its schema is unknown")
     if not isinstance(schema, pa.Schema):
         schema = schema.base_schema
+    return _plans_with_defaults(schema, columns, defaults)
+
+
+def _check_serialized(source: DataIterator) -> None:
+    """Refuse ``record_schema=`` unless ``source`` holds what ``record_type="ByteArray"`` reads."""
+    schema = source.schema()
+    if schema is not None and not isinstance(schema, pa.Schema):
+        schema = schema.base_schema
+    column = BYTE_ARRAY_SCHEMA.names[0]
+    if schema is None or column not in schema.names or not (
+        pa.types.is_binary(schema.field(column).type) or pa.types.is_large_binary(schema.field(column).type)
+    ):
+        raise ValueError(
+            f"record_schema= decodes serialized records, but the dataset's schema is {schema}; read it with "
+            f"read_tfrecords(..., record_type='ByteArray') (one binary column {column!r}), or drop record_schema="
+        )
+
+
+def _plans_with_defaults(schema: pa.Schema, columns: list[str], defaults: Mapping[str, Any] | None) -> dict[str, _Plan]:
+    """A plan per distinct column of ``schema``, in order, filling nulls from ``defaults``."""
     wanted = list(dict.fromkeys(columns))
     missing = [c for c in wanted if c not in schema.names]
     if missing:
         raise ValueError(f"columns {missing} are not in the dataset; it has {schema.names}")
-    return {c: _plan(schema.field(c).type, c) for c in wanted}
+    defaults = dict(defaults or {})
+    unknown = [c for c in defaults if c not in wanted]
+    if unknown:
+        raise SchemaError(
+            f"defaults= names {unknown}, which the feed does not convert; it converts {wanted} "
+            "(the features and label columns)",
+            column=unknown[0],
+        )
+    plans = {}
+    for c in wanted:
+        t = schema.field(c).type
+        plans[c] = _plan(t, c)
+        if c in defaults:
+            plans[c] = _with_default(plans[c], t, c, defaults[c])
+    return plans
 
 
 def _warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = None) -> list[str]:
@@ -525,6 +704,8 @@ def tf_dataset(
     batch_size: int,
     drop_remainder: bool = True,
     steps_per_epoch: int | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    record_schema: pa.Schema | None = None,
     cache: bool = False,
     local_shuffle_buffer_size: int | None = None,
     local_shuffle_seed: int | None = None,
@@ -549,6 +730,21 @@ def tf_dataset(
             the step count.
         steps_per_epoch: Yield exactly this many batches per epoch, raising if
             the source runs short.  ``None`` means as many as the data gives.
+        defaults: Values for null rows, by column, like TensorFlow's
+            ``FixedLenFeature(default_value=...)``: a record without a scalar or
+            fixed-length feature reads as a null row, which a tensor cannot
+            hold.  Each value is one row of its column (a scalar, or a list of
+            the column's fixed shape) of the column's kind.  Without one, a
+            null in a scalar or fixed-size column raises ``SchemaError`` naming
+            the column and the null count.  Variable-length lists need none:
+            their null rows are empty.
+        record_schema: Decode in this process: ``source`` holds serialized
+            ``Example`` records (``read_tfrecords(..., record_type="ByteArray")``),
+            and the feed decodes the columns it needs with this schema, as
+            ``read_tfrecords(..., schema=record_schema)`` would.  Ray then
+            moves the records' serialized bytes instead of decoded columns,
+            much less for wide integer rows (an image's int64 pixels), and the
+            training workers decode in parallel with the read tasks.
         cache: Keep the converted batches in memory after the first epoch so
             later epochs do not read through Ray again.  Without it every
             epoch (every new iterator over the returned dataset) re-reads.
@@ -582,7 +778,13 @@ def tf_dataset(
     if isinstance(source, Dataset):
         _warn_constant_length_lists(source, feature_names)
     iterator = source.iterator() if isinstance(source, Dataset) else source
-    plans = _column_plans(iterator, feature_names + label_names)
+    decoding = None
+    if record_schema is None:
+        plans = _column_plans(iterator, feature_names + label_names, defaults)
+    else:
+        _check_serialized(iterator)
+        plans = _plans_with_defaults(record_schema, feature_names + label_names, defaults)
+        decoding = _Decoding(pa.schema([record_schema.field(c) for c in plans]))
     batching = _Batching.fitting(plans.values(), batch_size, local_shuffle_buffer_size)
     packing = _Packing(plans)
     fetches = _Fetches(
@@ -597,7 +799,8 @@ def tf_dataset(
         },
     )
 
-    dataset = tf.data.Dataset.from_generator(lambda: map(packing.pack, fetches), output_signature=packing.signature())
+    pack = packing.pack if decoding is None else lambda table: packing.pack(decoding(table))
+    dataset = tf.data.Dataset.from_generator(lambda: map(pack, fetches), output_signature=packing.signature())
     dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
     if batching.fetch_rows > batching.batch_size:
         dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))

@@ -19,8 +19,8 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,7 @@ class _Predictor:
         features: str | Sequence[str],
         key_columns: Sequence[str],
         output_column: str,
+        defaults: Mapping[str, Any] | None,
     ) -> None:
         import tensorflow as tf
         import tf_keras
@@ -58,6 +59,7 @@ class _Predictor:
         from ray_tfrecord.feed import tensors_from_arrow
 
         self._to_tensors = tensors_from_arrow
+        self._defaults = defaults
         self._features = features
         self._key_columns = list(key_columns)
         self._output_column = output_column
@@ -85,7 +87,7 @@ class _Predictor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         names = [self._features] if isinstance(self._features, str) else list(self._features)
-        tensors = self._to_tensors(batch, names)
+        tensors = self._to_tensors(batch, names, defaults=self._defaults)
         inputs = tensors[self._features] if isinstance(self._features, str) else tensors
         outputs = np.asarray(self._call(inputs))
         if len(outputs) != batch.num_rows:
@@ -101,6 +103,7 @@ def predict(
     features: str | Sequence[str],
     key_columns: Sequence[str],
     output_column: str = "prediction",
+    defaults: Mapping[str, Any] | None = None,
     batch_size: int = 256,
     concurrency: int = 1,
     num_cpus: float = 1.0,
@@ -123,6 +126,9 @@ def predict(
         output_column: Name of the prediction column: a scalar per row when
             the model gives one value per row, else a ``fixed_size_list`` of
             the row's outputs flattened (floats as float32).
+        defaults: Values for null rows of feature columns (records without
+            the feature), as in :func:`ray_tfrecord.feed.tf_dataset`; checked
+            on the driver when the dataset's schema is known.
         batch_size: Rows per model call.
         concurrency: Number of model-holding actors.
         num_cpus: CPUs reserved per actor (fractions allowed).
@@ -135,6 +141,7 @@ def predict(
         raise ValueError("key_columns must name at least one column to key the predictions by")
     if output_column in key_columns:
         raise ValueError(f"output_column {output_column!r} clashes with a key column")
+    _check_defaults(ds, features, defaults)
     return ds.map_batches(
         _Predictor,
         fn_constructor_kwargs={
@@ -142,6 +149,7 @@ def predict(
             "features": features,
             "key_columns": list(key_columns),
             "output_column": output_column,
+            "defaults": dict(defaults or {}),
         },
         batch_size=batch_size,
         batch_format="pyarrow",
@@ -150,6 +158,19 @@ def predict(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
     )
+
+
+def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
+    """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
+    if not defaults:
+        return
+    from ray_tfrecord.feed import _plans_with_defaults
+
+    schema = ds.schema(fetch_if_missing=False)
+    if schema is None:
+        return
+    schema = schema if isinstance(schema, pa.Schema) else schema.base_schema
+    _plans_with_defaults(schema, [features] if isinstance(features, str) else list(features), defaults)
 
 
 def inference(
@@ -162,6 +183,7 @@ def inference(
     output_format: Literal["tfrecord", "parquet"] = "tfrecord",
     mode: options.Mode = "error",
     output_column: str = "prediction",
+    defaults: Mapping[str, Any] | None = None,
     batch_size: int = 256,
     concurrency: int = 1,
     num_cpus: float = 1.0,
@@ -180,6 +202,7 @@ def inference(
         features=features,
         key_columns=key_columns,
         output_column=output_column,
+        defaults=defaults,
         batch_size=batch_size,
         concurrency=concurrency,
         num_cpus=num_cpus,

@@ -13,6 +13,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ray_tfrecord.errors import SchemaError
 from ray_tfrecord.feed import tensors_from_arrow, tf_dataset, type_spec
 
 pytestmark = pytest.mark.timeout(300)
@@ -368,3 +369,218 @@ def test_variable_length_lists_do_not_warn(ray_local):
         warnings.simplefilter("error", UserWarning)
         batch = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=4)))
     assert batch.to_list() == [[1], [2, 3], [], [4, 5, 6]]
+
+
+_SPARSE_SCHEMA = pa.schema(
+    [
+        ("i", pa.int64()),
+        ("f", pa.float32()),
+        ("b", pa.binary()),
+        ("v", pa.list_(pa.float32(), 3)),
+        ("id", pa.int64()),
+    ]
+)
+_SPARSE_DEFAULTS = {"i": -1, "f": 0.5, "b": b"none", "v": [1.0, 2.0, 3.0]}
+
+
+def _write_sparse_with_tensorflow(path: str, n: int) -> None:
+    """Records where each of i, f, b and v is absent from some records (a different pattern each)."""
+    with tf.io.TFRecordWriter(path) as w:
+        for k in range(n):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[k]))}
+            if k % 2:
+                feature["i"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[k * 10]))
+            if k % 3:
+                feature["f"] = tf.train.Feature(float_list=tf.train.FloatList(value=[k / 4]))
+            if k % 5:
+                feature["b"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (k % 4)]))
+            if k % 4:
+                feature["v"] = tf.train.Feature(float_list=tf.train.FloatList(value=[k, -k, k / 2]))
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_defaults_fill_absent_features_as_fixed_len_feature_does(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 37)
+    ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    columns = ["i", "f", "b", "v"]
+    feed = tf_dataset(ds, features=columns, label="id", batch_size=8, drop_remainder=False, defaults=_SPARSE_DEFAULTS)
+    spec = {
+        "i": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+        "f": tf.io.FixedLenFeature([], tf.float32, default_value=0.5),
+        "b": tf.io.FixedLenFeature([], tf.string, default_value=b"none"),
+        "v": tf.io.FixedLenFeature([3], tf.float32, default_value=[1.0, 2.0, 3.0]),
+        "id": tf.io.FixedLenFeature([], tf.int64),
+    }
+    expected = [tf.io.parse_example(b, spec) for b in tf.data.TFRecordDataset(path).batch(8)]
+    got = list(feed)
+    assert len(got) == len(expected) == 5
+    for (features, label), want in zip(got, expected, strict=True):
+        for name in columns:
+            _assert_same(features[name], want[name])
+        _assert_same(label, want["id"])
+    # The defaults really were used: row 0 lacks every optional feature.
+    first = got[0][0]
+    assert (first["i"][0].numpy(), first["b"][0].numpy(), first["v"][0].numpy().tolist()) == (-1, b"none", [1, 2, 3])
+
+
+def test_nulls_without_a_default_name_the_column_count_and_fix(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 12)
+    ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    # 12 rows, i present only in odd records: 6 nulls.
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(tf_dataset(ds, features="i", batch_size=12))
+    assert (
+        "SchemaError: column 'i': 6 of the 12 rows in this batch are null (records without the feature), and a "
+        "TensorFlow tensor cannot hold nulls; pass defaults={'i': 0} to fill them, as FixedLenFeature's "
+        "default_value does"
+    ) in str(raised.value)
+    table = ds.to_arrow_refs()
+    table = pa.concat_tables(ray.get(table))
+    with pytest.raises(SchemaError, match=r"column 'v': 3 of the 12 rows .* defaults=\{'v': \[0\.0\] \* 3\}"):
+        tensors_from_arrow(table, ["v"])
+    with pytest.raises(SchemaError, match=r"column 'b': 3 of the 12 rows .* defaults=\{'b': b\"\"\}"):
+        tensors_from_arrow(table, ["b"])
+    # Partial defaults: the column without one still fails.
+    with pytest.raises(SchemaError, match="column 'f'"):
+        tensors_from_arrow(table, ["i", "f"], defaults={"i": 0})
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"nope": 1}, r"column 'nope': defaults= names \['nope'\], which the feed does not convert"),
+        ({"tokens": 0}, r"column 'tokens': defaults=\{'tokens': ...\}: the column is list<item: int64>, a variable"),
+        ({"i": 1.5}, r"column 'i': defaults=\{'i': 1.5\}: 1.5 is a float, not int; give one row of int64"),
+        ({"i": True}, r"column 'i': defaults=\{'i': True\}: True is a bool, not int"),
+        ({"f": "0"}, r"column 'f': defaults=\{'f': '0'\}: '0' is a str, not int or float"),
+        ({"b": 0}, r"column 'b': defaults=\{'b': 0\}: 0 is a int, not bytes or str"),
+        ({"small": 300}, r"column 'small': defaults=\{'small': 300\}: .*300"),
+        ({"v": [1.0, 2.0]}, r"column 'v': defaults=\{'v': \[1.0, 2.0\]\}: it has shape \(2,\) but a row has shape \(3,\)"),
+        ({"f": [1.0]}, r"column 'f': defaults=\{'f': \[1.0\]\}: it has shape \(1,\) but a row has shape \(\)"),
+    ],
+)
+def test_bad_defaults_are_refused_before_reading(ray_local, defaults, message):
+    table = pa.table(
+        {
+            "i": pa.array([1, None], pa.int64()),
+            "f": pa.array([1.0, None], pa.float32()),
+            "b": pa.array([b"a", None]),
+            "v": pa.array([[1, 2, 3], None], pa.list_(pa.float32(), 3)),
+            "small": pa.array([1, None], pa.int8()),
+            "tokens": pa.array([[1], None]),
+        }
+    )
+    with pytest.raises(SchemaError, match=message):
+        tf_dataset(ray.data.from_arrow(table), features=table.column_names, batch_size=2, defaults=defaults)
+    with pytest.raises(SchemaError, match=message):
+        tensors_from_arrow(table, defaults=defaults)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=20),
+    default=st.integers(-(2**63), 2**63 - 1),
+    start=st.integers(0, 20),
+)
+def test_defaults_fill_exactly_the_null_rows(values, default, start):
+    arr = pa.array(values, pa.int64()).slice(min(start, len(values)))
+    got = tensors_from_arrow(pa.table({"x": arr}), defaults={"x": default})["x"]
+    assert got.dtype == tf.int64
+    assert got.numpy().tolist() == [default if v is None else v for v in arr.to_pylist()]
+
+
+def test_serialized_records_decode_in_the_feed_as_tensorflow_parses_them(ray_local, tmp_path):
+    import ray_tfrecord
+
+    path = str(tmp_path / "sparse.tfrecord")
+    _write_sparse_with_tensorflow(path, 37)
+    # Several blocks, so fetches straddle them and arrive as sliced binary arrays.
+    records = ray_tfrecord.read_tfrecords(path, record_type="ByteArray").repartition(3)
+    columns = ["i", "f", "b", "v"]
+    feed = tf_dataset(
+        records,
+        features=columns,
+        label="id",
+        batch_size=8,
+        drop_remainder=False,
+        defaults=_SPARSE_DEFAULTS,
+        record_schema=_SPARSE_SCHEMA,
+    )
+    decoded = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
+    expected = list(tf_dataset(decoded, features=columns, label="id", batch_size=8, drop_remainder=False,
+                               defaults=_SPARSE_DEFAULTS))
+    got = list(feed)
+    assert len(got) == len(expected) == 5
+    for (features, label), (want, want_label) in zip(got, expected, strict=True):
+        for name in columns:
+            _assert_same(features[name], want[name])
+        _assert_same(label, want_label)
+    spec = {"v": tf.io.FixedLenFeature([3], tf.float32, default_value=_SPARSE_DEFAULTS["v"])}
+    parsed = tf.io.parse_example(next(iter(tf.data.TFRecordDataset(path).batch(37))), spec)
+    np.testing.assert_array_equal(np.concatenate([f["v"].numpy() for f, _ in got]), parsed["v"].numpy())
+
+
+def test_record_schema_needs_serialized_records(ray_local):
+    ds = ray.data.from_arrow(pa.table({"x": pa.array([1, 2])}))
+    with pytest.raises(ValueError, match=r"record_type='ByteArray'"):
+        tf_dataset(ds, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())]))
+    bad = ray.data.from_arrow(pa.table({"record": pa.array([b"\xff\xff"], pa.binary())}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"DecodeError: .*record 0 of a 1-record batch fed with record_schema="):
+        list(tf_dataset(bad, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())])))
+
+
+def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
+    """A wide int64 vector beside narrow int64 columns: unpacked exactly as converted directly."""
+    rng = np.random.default_rng(11)
+    n = 50
+    table = pa.table(
+        {
+            "wide": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 1 << 40, n * 40)), 40),
+            "tokens": pa.array([rng.integers(0, 9, int(k)).tolist() for k in rng.integers(0, 4, n)], pa.list_(pa.int64())),
+            "label": pa.array(rng.integers(0, 5, n)),
+        }
+    )
+    ds = ray.data.from_arrow([table.slice(0, 20), table.slice(20)])
+    got = list(tf_dataset(ds, features=["wide", "tokens"], label="label", batch_size=16, drop_remainder=False))
+    assert [int(label.shape[0]) for _, label in got] == [16, 16, 16, 2]
+    want = tensors_from_arrow(table)
+    np.testing.assert_array_equal(np.concatenate([f["wide"].numpy() for f, _ in got]), want["wide"].numpy())
+    assert sum((f["tokens"].to_list() for f, _ in got), []) == want["tokens"].to_list()
+    np.testing.assert_array_equal(np.concatenate([y.numpy() for _, y in got]), want["label"].numpy())
+
+
+def test_nulls_inside_fixed_size_rows_are_not_offered_defaults():
+    table = pa.table({"v": pa.array([[1.0, None], [2.0, 3.0]], pa.list_(pa.float32(), 2))})
+    for defaults in (None, {"v": [0.0, 0.0]}):
+        with pytest.raises(SchemaError, match=r"column 'v': 1 values inside the rows of this batch are null.*defaults= fills only whole null rows"):
+            tensors_from_arrow(table, defaults=defaults)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), st.lists(st.integers(0, 255), max_size=6)),
+        min_size=1,
+        max_size=12,
+    ),
+    start=st.integers(0, 12),
+)
+def test_serialized_records_decode_as_the_reader_does(rows, start):
+    """Records sliced anywhere (zero-copy or copied path) decode to what codec.decode gives."""
+    from ray_tfrecord import codec
+    from ray_tfrecord.feed import _Decoding
+
+    schema = pa.schema([("n", pa.int64()), ("px", pa.list_(pa.int64()))])
+    table = pa.table([pa.array([n for n, _ in rows], pa.int64()), pa.array([p for _, p in rows])], schema=schema)
+    framed = codec.encode(table)
+    ends = [*framed.offsets[1:], len(framed.data)]
+    payloads = [bytes(framed.data[o + 12 : e - 4]) for o, e in zip(framed.offsets, ends, strict=True)]
+    records = pa.array(payloads, pa.binary()).slice(min(start, len(payloads) - 1))
+    got = _Decoding(schema)(pa.table({"record": records}))
+    assert got.to_pylist() == table.slice(min(start, len(payloads) - 1)).to_pylist()

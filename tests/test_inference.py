@@ -147,3 +147,31 @@ def test_no_deprecation_warnings_from_the_package_under_ray(ray_local, tmp_path)
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
             if issubclass(w.category, DeprecationWarning) and "ray_tfrecord" in w.filename]
     assert ours == [] and notices == []
+
+
+def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_path):
+    """TF-written records missing the model's input in some rows: predictions as on FixedLenFeature's default."""
+    model = _dense_model()
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    rng = np.random.default_rng(5)
+    records = str(tmp_path / "sparse.tfrecord")
+    with tf.io.TFRecordWriter(records) as w:
+        for k in range(40):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[k]))}
+            if k % 3:
+                feature["x"] = tf.train.Feature(float_list=tf.train.FloatList(value=rng.standard_normal(5)))
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    default = [0.5, -1.0, 2.0, 0.0, 1.0]
+    schema = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 5))])
+    ds = ray_tfrecord.read_tfrecords(records, schema=schema)
+    out = predict(ds, path, features="x", key_columns=["id"], defaults={"x": default}, batch_size=16, num_cpus=0.5)
+    got = pa.concat_tables(ray.get(out.to_arrow_refs())).sort_by("id")
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
+    parsed = tf.io.parse_example(next(iter(tf.data.TFRecordDataset(records).batch(40))), spec)
+    assert got.column("id").to_pylist() == parsed["id"].numpy().tolist()
+    preds = np.asarray(got.column("prediction").combine_chunks().flatten()).reshape(-1, 3)
+    np.testing.assert_allclose(preds, model.predict(parsed["x"].numpy(), verbose=0), rtol=1e-5, atol=1e-6)
+    # A default of the wrong shape is refused on the driver, before any actor loads the model.
+    with pytest.raises(ray_tfrecord.SchemaError, match=r"column 'x': defaults=\{'x': \[0.0\]\}: it has shape \(1,\)"):
+        predict(ds, path, features="x", key_columns=["id"], defaults={"x": [0.0]})
