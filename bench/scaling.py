@@ -133,7 +133,7 @@ def run(ctx) -> List[dict]:
             _index(paths)
             if count == COUNTS[0]:
                 _measure(str(d))  # untimed: worker start-up and imports
-            out.append(_row(f"{count:,} file{"s" if count > 1 else ""} of {len(piece) / 1e3:.0f} KB", len(piece) * count, _measure(str(d))))
+            out.append(_row(f"{count:,} file{'s' if count > 1 else ''} of {len(piece) / 1e3:.0f} KB", len(piece) * count, _measure(str(d))))
             shutil.rmtree(d)
         for size in SIZES:
             d = ROOT / f"size-{size}"
