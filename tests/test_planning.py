@@ -12,6 +12,7 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord.index import build_index, write_index
 from ray_tfrecord.listing import DataFile, list_files
 from ray_tfrecord.planning import (
+    MAX_RANGES_PER_TASK,
     FileRange,
     ProbeKind,
     default_read_tasks,
@@ -101,6 +102,14 @@ def test_sidecars_found_in_both_layouts_and_from_a_partition_directory(layout):
 def test_pack_ranges_keeps_order():
     ranges = [FileRange(f"f{i}", 0, None, size, None, False, ()) for i, size in enumerate([5, 5, 30, 1, 1])]
     assert [[r.path for r in g] for g in pack_ranges(ranges, 10)] == [["f0", "f1"], ["f2"], ["f3", "f4"]]
+
+
+def test_many_small_files_make_tasks_of_at_most_max_ranges():
+    ranges = [FileRange(f"f{i}", 0, None, 1, None, False, ()) for i in range(1000)]
+    groups = pack_ranges(ranges, target_bytes=1 << 30)
+    assert [len(g) for g in groups] == [MAX_RANGES_PER_TASK] * 3 + [1000 - 3 * MAX_RANGES_PER_TASK]
+    assert [r for g in groups for r in g] == ranges
+    assert [len(g) for g in pack_ranges(ranges[:10], 1 << 30, max_ranges=4)] == [4, 4, 2]
 
 
 def test_shuffle_files_is_a_seeded_permutation():
