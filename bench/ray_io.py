@@ -16,8 +16,8 @@ threads as Ray has CPUs, no Ray at all: the ceiling the Ray read is compared wit
 Every implementation first runs once untimed on one file (worker start-up, imports,
 graph tracing), so the figures are throughput, not start-up. Our reader, tf.data and
 the in-process decode read the file list ``PASSES`` times over so that Ray's fixed
-per-execution cost (~0.2 s) does not swamp datasets this small; Ray's built-in reader
-reads it once (it is slow enough already). MB/s is on-disk TFRecord bytes read, or
+per-execution cost (~0.2 s) does not swamp datasets this small, each timed ``REPEAT``
+times, the fastest kept; Ray's built-in reader reads it once (it is slow enough already). MB/s is on-disk TFRecord bytes read, or
 bytes written, per second. Ray Data runs with its defaults (no ``override_num_blocks``).
 """
 
@@ -37,12 +37,19 @@ from .datasets import tf_feature_spec
 _MB = 1e6
 PASSES = 10
 BATCH_SIZE = 1024
+REPEAT = 3  # reads timed this many times, the fastest kept (not Ray's built-in reader: too slow)
 
 
 def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
     t0 = time.perf_counter()
     rows = fn()
     return rows, time.perf_counter() - t0
+
+
+def _best(fn: Callable[[], int], repeat: int = REPEAT) -> Tuple[int, float]:
+    """The fastest of ``repeat`` runs: the ratios compare best with best, which a machine shared
+    with other work disturbs least."""
+    return min((_timed(fn) for _ in range(repeat)), key=lambda rows_secs: rows_secs[1])
 
 
 def _drain(ds, batch_format: str = "pyarrow") -> int:
@@ -125,14 +132,14 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
 
     many = files * PASSES
     _decode_in_process(files[:1], schema, cpus)
-    rows, secs = _timed(lambda: _decode_in_process(many, schema, cpus))
+    rows, secs = _best(lambda: _decode_in_process(many, schema, cpus))
     ceiling = rows / secs
     out.append(_row(name, f"in-process decode, {cpus} thread{'s' if cpus > 1 else ''} (no Ray)", rows, secs,
                     nbytes * PASSES, f"{PASSES} passes; the ceiling for the reads below"))
 
     _drain(ray_tfrecord.read_tfrecords(files[:1], schema=schema))
     for batch_format in ("pyarrow", "numpy"):
-        rows, secs = _timed(lambda: _drain(ray_tfrecord.read_tfrecords(many, schema=schema), batch_format))
+        rows, secs = _best(lambda: _drain(ray_tfrecord.read_tfrecords(many, schema=schema), batch_format))
         if batch_format == "pyarrow":
             ours_read = rows / secs
         out.append(_row(name, f"ray_tfrecord read, iter_batches {batch_format} ({tag})", rows, secs,
@@ -149,7 +156,7 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
                         f"FAILED: {_cause(e)}"))
 
     _tf_read(files[:1], schema, cpus)
-    rows, secs = _timed(lambda: _tf_read(many, schema, cpus))
+    rows, secs = _best(lambda: _tf_read(many, schema, cpus))
     out.append(_row(name, f"tf.data + parse_example ({tag})", rows, secs, nbytes * PASSES,
                     f"{PASSES} passes; ours (pyarrow) is {ours_read / (rows / secs):.1f}x"))
 
