@@ -12,7 +12,7 @@ afterwards. Ray runs with 2 CPUs. Per case:
 - *plan*: ``get_read_tasks`` for the read-task count ``read_tfrecords`` picks (file probes,
   index sidecars, byte ranges), on the driver;
 - *first batch*: from the start of ``iter_batches`` to the first batch in hand;
-- *throughput*: draining ``iter_batches`` (pyarrow, 1024 rows), start-up included.
+- *throughput*: draining ``iter_batches`` (pyarrow, 1024 rows), planning and start-up included.
 """
 
 from __future__ import annotations
