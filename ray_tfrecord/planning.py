@@ -135,8 +135,8 @@ def split_bytes(total_bytes: int, parallelism: int, min_split_bytes: int) -> int
 
 # Ranges (files, mostly) per read task at most. A task's rows reach the consumer only as blocks,
 # and Ray closes a block at its target size or at the task's end, so a task of thousands of small
-# files held back its first block for all of them: 10,000 files of 100 KB in 8 tasks gave the
-# first batch after a third of the whole read.
+# files held back its first block for all of them: 10,000 files of 100 KB on 2 CPUs gave their
+# first batch after 8.6 s in 8 tasks, after 1.5 s in 40, at the same throughput.
 MAX_RANGES_PER_TASK = 256
 
 
