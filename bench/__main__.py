@@ -16,6 +16,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SECTIONS = ["codec", "ray_io", "feed", "train", "soak"]
+# Run only when named in --only: slow, and they write gigabytes of scratch files.
+OPTIONAL_SECTIONS = ["scaling"]
 
 
 def _fmt(v, digits=0):
@@ -26,7 +28,7 @@ def _fmt(v, digits=0):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS + OPTIONAL_SECTIONS))
     ap.add_argument("--quick", action="store_true", help="small datasets (smoke run)")
     args = ap.parse_args(argv)
     from .datasets import prepare

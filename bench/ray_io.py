@@ -1,19 +1,24 @@
 """Read and write throughput through Ray Data: ours beside Ray's built-in TFRecord
 reader/writer and beside tf.data + tf.io.parse_example, on the same files, with 1 and
-2 CPUs.
+2 CPUs, and beside the in-process decode rate the read targets are stated against.
 
 Ray's built-in reader is expected to fail on the tabular set (it cannot unify the
 schema of a variable-length feature that is sometimes empty); that is reported as a
 failure row, and the image set gives the ratios.
 
+Reads are measured where a user feels them: ``Dataset.iter_batches`` on the driver,
+``BATCH_SIZE`` rows a batch (the batch size the tf.data peer uses), as pyarrow tables
+(zero-copy views of the blocks) and as numpy dicts (Ray's conversion: a list or string
+column becomes an object array, one Python object per row, which is why that row is
+slower on the tabular set). The "in-process decode" row is the native codec on as many
+threads as Ray has CPUs, no Ray at all: the ceiling the Ray read is compared with.
+
 Every implementation first runs once untimed on one file (worker start-up, imports,
-graph tracing), so the figures are throughput, not start-up. Our reader and tf.data
-read the file list ``PASSES`` times over so that Ray's fixed per-execution cost
-(~0.2 s) does not swamp datasets this small; Ray's built-in reader reads it once
-(it is slow enough already). Reads are consumed with ``iter_internal_ref_bundles``
-(blocks stay in the object store, nothing is copied to the driver); tf.data is
-iterated to the end. MB/s is on-disk TFRecord bytes read, or bytes written, per
-second. Ray Data runs with its defaults (no ``override_num_blocks``).
+graph tracing), so the figures are throughput, not start-up. Our reader, tf.data and
+the in-process decode read the file list ``PASSES`` times over so that Ray's fixed
+per-execution cost (~0.2 s) does not swamp datasets this small, each timed ``REPEAT``
+times, the fastest kept; Ray's built-in reader reads it once (it is slow enough already). MB/s is on-disk TFRecord bytes read, or
+bytes written, per second. Ray Data runs with its defaults (no ``override_num_blocks``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import pyarrow as pa
 from .datasets import tf_feature_spec
 
 _MB = 1e6
-PASSES = 5
+PASSES = 10
+BATCH_SIZE = 1024
+REPEAT = 3  # reads timed this many times, the fastest kept (not Ray's built-in reader: too slow)
 
 
 def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
@@ -39,8 +46,28 @@ def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
     return rows, time.perf_counter() - t0
 
 
-def _drain(ds) -> int:
-    return sum(bundle.num_rows() for bundle in ds.iter_internal_ref_bundles())
+def _best(fn: Callable[[], int], repeat: int = REPEAT) -> Tuple[int, float]:
+    """The fastest of ``repeat`` runs: the ratios compare best with best, which a machine shared
+    with other work disturbs least."""
+    return min((_timed(fn) for _ in range(repeat)), key=lambda rows_secs: rows_secs[1])
+
+
+def _drain(ds, batch_format: str = "pyarrow") -> int:
+    """Iterate ``ds`` on the driver as a user does; the rows seen."""
+    rows = 0
+    for batch in ds.iter_batches(batch_size=BATCH_SIZE, batch_format=batch_format):
+        rows += len(batch) if batch_format == "pyarrow" else len(next(iter(batch.values())))
+    return rows
+
+
+def _decode_in_process(files: List[str], schema: pa.Schema, threads: int) -> int:
+    """The native codec on ``threads`` threads, no Ray: the rate the Ray read is held to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .codec import _decode_native
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(lambda f: _decode_native([f], schema), files))
 
 
 def _dir_bytes(path: str) -> int:
@@ -80,7 +107,7 @@ def _tf_read(files: List[str], schema: pa.Schema, cpus: int) -> int:
     options.threading.private_threadpool_size = cpus
     ds = (
         tf.data.TFRecordDataset(files, num_parallel_reads=cpus)
-        .batch(1024)
+        .batch(BATCH_SIZE)
         .map(lambda b: tf.io.parse_example(b, spec), num_parallel_calls=cpus)
         .prefetch(2)
         .with_options(options)
@@ -104,26 +131,34 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
     out = []
 
     many = files * PASSES
+    _decode_in_process(files[:1], schema, cpus)
+    rows, secs = _best(lambda: _decode_in_process(many, schema, cpus))
+    ceiling = rows / secs
+    out.append(_row(name, f"in-process decode, {cpus} thread{'s' if cpus > 1 else ''} (no Ray)", rows, secs,
+                    nbytes * PASSES, f"{PASSES} passes; the ceiling for the reads below"))
+
     _drain(ray_tfrecord.read_tfrecords(files[:1], schema=schema))
-    rows, secs = _timed(lambda: _drain(ray_tfrecord.read_tfrecords(many, schema=schema)))
-    ours_read = rows / secs
-    out.append(_row(name, f"ray_tfrecord read ({tag})", rows, secs, nbytes * PASSES,
-                    f"read_tfrecords, {PASSES} passes"))
+    for batch_format in ("pyarrow", "numpy"):
+        rows, secs = _best(lambda: _drain(ray_tfrecord.read_tfrecords(many, schema=schema), batch_format))
+        if batch_format == "pyarrow":
+            ours_read = rows / secs
+        out.append(_row(name, f"ray_tfrecord read, iter_batches {batch_format} ({tag})", rows, secs,
+                        nbytes * PASSES, f"{PASSES} passes; {rows / secs / ceiling:.0%} of in-process decode"))
 
     try:
         _drain(ray.data.read_tfrecords(files[:1]))
         rows, secs = _timed(lambda: _drain(ray.data.read_tfrecords(files)))
         ratio = ours_read / (rows / secs)
-        out.append(_row(name, f"ray.data.read_tfrecords ({tag})", rows, secs, nbytes,
+        out.append(_row(name, f"ray.data.read_tfrecords, iter_batches pyarrow ({tag})", rows, secs, nbytes,
                         f"ours is {ratio:.0f}x"))
     except Exception as e:  # noqa: BLE001 - a failure is a result here
-        out.append(_row(name, f"ray.data.read_tfrecords ({tag})", None, None, None,
+        out.append(_row(name, f"ray.data.read_tfrecords, iter_batches pyarrow ({tag})", None, None, None,
                         f"FAILED: {_cause(e)}"))
 
     _tf_read(files[:1], schema, cpus)
-    rows, secs = _timed(lambda: _tf_read(many, schema, cpus))
+    rows, secs = _best(lambda: _tf_read(many, schema, cpus))
     out.append(_row(name, f"tf.data + parse_example ({tag})", rows, secs, nbytes * PASSES,
-                    f"{PASSES} passes; ours is {ours_read / (rows / secs):.1f}x"))
+                    f"{PASSES} passes; ours (pyarrow) is {ours_read / (rows / secs):.1f}x"))
 
     # Writes: both writers get the same materialised dataset.
     ds = ray_tfrecord.read_tfrecords(files, schema=schema).materialize()

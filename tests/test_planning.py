@@ -12,6 +12,7 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord.index import build_index, write_index
 from ray_tfrecord.listing import DataFile, list_files
 from ray_tfrecord.planning import (
+    MAX_RANGES_PER_TASK,
     FileRange,
     ProbeKind,
     default_read_tasks,
@@ -19,6 +20,7 @@ from ray_tfrecord.planning import (
     plan_ranges,
     probe_file,
     shuffle_files,
+    split_bytes,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,6 +104,14 @@ def test_pack_ranges_keeps_order():
     assert [[r.path for r in g] for g in pack_ranges(ranges, 10)] == [["f0", "f1"], ["f2"], ["f3", "f4"]]
 
 
+def test_many_small_files_make_tasks_of_at_most_max_ranges():
+    ranges = [FileRange(f"f{i}", 0, None, 1, None, False, ()) for i in range(1000)]
+    groups = pack_ranges(ranges, target_bytes=1 << 30)
+    assert [len(g) for g in groups] == [MAX_RANGES_PER_TASK] * 3 + [1000 - 3 * MAX_RANGES_PER_TASK]
+    assert [r for g in groups for r in g] == ranges
+    assert [len(g) for g in pack_ranges(ranges[:10], 1 << 30, max_ranges=4)] == [4, 4, 2]
+
+
 def test_shuffle_files_is_a_seeded_permutation():
     files = [DataFile(f"f{i}", i, ()) for i in range(20)]
     fixed = FileShuffleConfig(seed=3, reseed_after_execution=False)
@@ -127,3 +137,34 @@ def test_default_read_tasks_is_one_per_cpu(ray_local):
     assert default_read_tasks(0, None) == 2
     assert default_read_tasks(10 * (128 << 20), None) == 10
     assert default_read_tasks(10 << 20, 1 << 20) == 10
+
+
+def test_a_lone_file_is_cut_into_one_range_per_task(tmp_path):
+    """Split for P tasks, a file's target is ceil(size / P): a size that falls short of P whole
+    targets by a byte still gives P ranges (it once gave a 2-CPU read of 256 MiB one task)."""
+    import tensorflow as tf
+
+    fs = pafs.LocalFileSystem()
+    path = tmp_path / "odd.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for _ in range(199):
+            w.write(b"y" * 101)  # 117 framed bytes a record: an odd file size
+    size = path.stat().st_size
+    assert size % 2 == 1
+    indexed = tmp_path / "idx" / "odd.tfrecord"
+    indexed.parent.mkdir()
+    indexed.write_bytes(path.read_bytes())
+    write_index(fs, str(indexed), build_index(fs, str(indexed), spacing_bytes=512))
+    for parallelism in (2, 3, 4):
+        target = split_bytes(size, parallelism, 1)
+        for p in (path, indexed):
+            (file,) = list_files(str(p)).files
+            ranges = plan_ranges(fs, [file], "auto", target, threads=1)
+            assert len(ranges) == parallelism, (p, parallelism)
+            assert ranges[0].start == 0 and ranges[-1].end == size
+            assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+            assert len(pack_ranges(ranges, target)) == parallelism
+    # Rounding also means a file well short of two targets is read whole.
+    (file,) = list_files(str(path)).files
+    assert len(plan_ranges(fs, [file], "auto", int(size / 1.4), threads=1)) == 1
+    assert len(plan_ranges(fs, [file], "auto", int(size / 1.6), threads=1)) == 2

@@ -123,6 +123,15 @@ static RT_MAYBE_UNUSED int packed_varints(const uint8_t *p, const uint8_t *end, 
         if (end - p >= 8) {
             uint64_t w = rd64(p);
             uint64_t m = ~w & 0x8080808080808080ULL;
+            if (m == 0x8080808080808080ULL) {
+                /* Eight one-byte values (the zeros of an image, small counts): each byte is its
+                 * value, so they widen in one go with no per-value shifts. */
+                if (out)
+                    for (int i = 0; i < 8; i++) out[k + i] = p[i];
+                k += 8;
+                p += 8;
+                continue;
+            }
             if (m) {
                 int start = 0;
                 do {
