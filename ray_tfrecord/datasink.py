@@ -46,7 +46,6 @@ import pyarrow.fs as pafs
 
 import ray
 from ray.data import Dataset, SaveMode
-from ray.data.dataset import MaterializedDataset
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
@@ -67,8 +66,6 @@ STAGING_DIR = "_temporary"
 _MIN_BYTES_PER_WRITE = 128 << 20
 # ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write),
 _STORE_SHARE_PER_WRITE = 16
-# ...and, for an input of known size, about a quarter of its share per CPU, down to this.
-_MIN_SPLIT_BYTES = 8 << 20
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
 
@@ -210,8 +207,6 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self._partition_cols = list(partition_cols or [])
         self._min_rows_per_file = min_rows_per_file
         self._min_bytes_per_write = min(target_file_size or _MIN_BYTES_PER_WRITE, _MIN_BYTES_PER_WRITE)
-        # The input's in-memory size where known before execution (write_tfrecords sets it).
-        self._input_bytes: Optional[int] = None
         self._staging = posixpath.join(self._path, STAGING_DIR, uuid.uuid4().hex)
         self._config = _WriteConfig(
             filesystem=self._fs,
@@ -416,11 +411,6 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         resources = ray.cluster_resources() if ray.is_initialized() else {}
         if resources.get("object_store_memory"):
             target = min(target, int(resources["object_store_memory"]) // _STORE_SHARE_PER_WRITE)
-        if self._input_bytes is not None and resources.get("CPU"):
-            # An input smaller than a bundle per CPU would go to one task on one CPU: two bundles
-            # per CPU keep every CPU writing even when the input's blocks are of uneven sizes. Not
-            # below _MIN_SPLIT_BYTES: a small dataset on a large cluster would become tiny files.
-            target = min(target, max(_MIN_SPLIT_BYTES, self._input_bytes // (2 * int(resources["CPU"]))))
         return max(1, target)
 
     @property
@@ -708,8 +698,6 @@ def write_tfrecords(
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink._check_schema(known.base_schema)  # fail before computing anything
-    if isinstance(ds, MaterializedDataset):
-        sink._input_bytes = ds.size_bytes()  # from the blocks' metadata; a lazy dataset's is unknown
     try:
         ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
     except Exception as e:
