@@ -64,7 +64,7 @@ STAGING_DIR = "_temporary"
 
 # Input gathered per write task (so per file, unless a size/row limit cuts earlier).
 _MIN_BYTES_PER_WRITE = 128 << 20
-# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write),
+# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
 _STORE_SHARE_PER_WRITE = 16
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
@@ -407,11 +407,10 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         # operators on backpressure and spills (tests/test_faults.py).
         if self._min_rows_per_file is not None:
             return None  # the caller's row target bundles instead (Ray accepts only one of the two)
-        target = self._min_bytes_per_write
-        resources = ray.cluster_resources() if ray.is_initialized() else {}
-        if resources.get("object_store_memory"):
-            target = min(target, int(resources["object_store_memory"]) // _STORE_SHARE_PER_WRITE)
-        return max(1, target)
+        store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
+        if store:
+            return max(1, min(self._min_bytes_per_write, int(store) // _STORE_SHARE_PER_WRITE))
+        return self._min_bytes_per_write
 
     @property
     def supports_distributed_writes(self) -> bool:
