@@ -19,11 +19,13 @@ from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 from ray_tfrecord import read_tfrecords
 from ray_tfrecord.datasource import TFRecordDatasource
 from ray_tfrecord.index import build_index, index_path, write_index
+from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)
 
-# Read tasks run in worker processes that cannot import this test module.
+# Read tasks run in worker processes that cannot import this test module (or its helpers).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(sys.modules[DelegatingHandler.__module__])
 
 FEATURES = {
     "id": tf.io.FixedLenFeature([], tf.int64),
@@ -307,12 +309,12 @@ def test_blocks_respect_target_max_block_size(ray_local, big_file):
     assert sum(b.num_rows for b in blocks) == 3000
 
 
-class RecordingHandler(pafs.FileSystemHandler):
+class RecordingHandler(DelegatingHandler):
     """A local filesystem that appends every opened path to a log file (read tasks
     run in other processes, so the log has to be on disk)."""
 
     def __init__(self, log: str):
-        self._fs = pafs.LocalFileSystem()
+        super().__init__(pafs.LocalFileSystem())
         self._log = log
 
     def _opened(self, path):
@@ -325,52 +327,13 @@ class RecordingHandler(pafs.FileSystemHandler):
     def __ne__(self, other):
         return not self == other
 
-    def get_type_name(self):
-        return "recording"
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self._fs.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self._fs.get_file_info(selector)
-
     def open_input_stream(self, path):
         self._opened(path)
-        return self._fs.open_input_stream(path)
+        return super().open_input_stream(path)
 
     def open_input_file(self, path):
         self._opened(path)
-        return self._fs.open_input_file(path)
-
-    def create_dir(self, path, recursive):
-        self._fs.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self._fs.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self._fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise NotImplementedError
-
-    def delete_file(self, path):
-        self._fs.delete_file(path)
-
-    def move(self, src, dest):
-        self._fs.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self._fs.copy_file(src, dest)
-
-    def open_output_stream(self, path, metadata):
-        return self._fs.open_output_stream(path)
-
-    def open_append_stream(self, path, metadata):
-        return self._fs.open_append_stream(path)
+        return super().open_input_file(path)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from ray_tfrecord.globs import is_glob, parse_glob
 from ray_tfrecord.index import index_path
 from ray_tfrecord.listing import list_files
 from ray_tfrecord.schema import read_stored_schema
+from tests.filesystems import DelegatingHandler
 from tests.test_s3 import BUCKET, s3  # noqa: F401 (the moto S3 fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -254,57 +255,16 @@ def test_relative_glob(tree, monkeypatch):
     assert [f.path for f in list_files("*/part-1*").files] == ["date=2024-01/part-1.tf"]
 
 
-class _Recording(pafs.FileSystemHandler):
+class _Recording(DelegatingHandler):
     """Any filesystem, through pyarrow's Python handler, recording the directories listed."""
 
     def __init__(self, fs):
-        self.fs, self.listed = fs, []
-
-    def get_type_name(self):
-        return "recording"
-
-    def normalize_path(self, path):
-        return self.fs.normalize_path(path)
-
-    def get_file_info(self, paths):
-        return self.fs.get_file_info(paths)
+        super().__init__(fs)
+        self.listed = []
 
     def get_file_info_selector(self, selector):
         self.listed.append((selector.base_dir, selector.recursive))
-        return self.fs.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.fs.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.fs.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        self.fs.delete_dir_contents("/", accept_root_dir=True)
-
-    def delete_file(self, path):
-        self.fs.delete_file(path)
-
-    def move(self, src, dest):
-        self.fs.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.fs.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.fs.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.fs.open_input_file(path)
-
-    def open_output_stream(self, path, metadata):
-        return self.fs.open_output_stream(path, metadata=metadata)
-
-    def open_append_stream(self, path, metadata):
-        return self.fs.open_append_stream(path, metadata=metadata)
+        return super().get_file_info_selector(selector)
 
 
 def test_the_walk_lists_only_directories_that_can_match(tree):
