@@ -11,6 +11,7 @@ benchmark reads bytes TensorFlow wrote.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,24 @@ class BenchContext:
 
     def bytes(self, dataset: str) -> int:
         return sum(os.path.getsize(f) for f in self.files(dataset))
+
+    def repeated(self, dataset: str, passes: int) -> list[str]:
+        """The dataset's files ``passes`` times over, under distinct names (hard links): a
+        reader given one path twice may read it once (ray_tfrecord does), so a repeated list
+        of the same paths would time less data than it claims."""
+        out = []
+        for k in range(passes):
+            d = Path(self.tmp) / "passes" / dataset / f"{k:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            for f in self.files(dataset):
+                link = d / Path(f).name
+                if not link.exists():
+                    try:
+                        os.link(f, link)
+                    except OSError:  # a filesystem without hard links
+                        shutil.copyfile(f, link)
+                out.append(str(link))
+        return out
 
 
 def _write_with_tensorflow(table: pa.Table, directory: Path) -> None:

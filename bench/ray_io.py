@@ -15,7 +15,8 @@ threads as Ray has CPUs, no Ray at all: the ceiling the Ray read is compared wit
 
 Every implementation first runs once untimed on one file (worker start-up, imports,
 graph tracing), so the figures are throughput, not start-up. Our reader, tf.data and
-the in-process decode read the file list ``PASSES`` times over so that Ray's fixed
+the in-process decode read the file list ``PASSES`` times over (as distinct hard links:
+ray_tfrecord reads a path listed twice once) so that Ray's fixed
 per-execution cost (~0.2 s) does not swamp datasets this small, each timed ``REPEAT``
 times, the fastest kept; Ray's built-in reader reads it once (it is slow enough already). MB/s is on-disk TFRecord bytes read, or
 bytes written, per second. Ray Data runs with its defaults (no ``override_num_blocks``).
@@ -130,7 +131,7 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
     tag = f"{cpus} CPU"
     out = []
 
-    many = files * PASSES
+    many = ctx.repeated(name, PASSES)
     _decode_in_process(files[:1], schema, cpus)
     rows, secs = _best(lambda: _decode_in_process(many, schema, cpus))
     ceiling = rows / secs

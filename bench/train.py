@@ -2,7 +2,7 @@
 
 One ``TensorflowTrainer`` run of ``WORKERS`` workers (``CPUS_PER_WORKER`` each, which
 leaves Ray Data a CPU for reading on a 2-core machine) reads the benchmark files, each
-listed ``PASSES`` times so that per-epoch start-up does not dominate, and feeds them
+listed ``PASSES`` times (distinct hard links) so that per-epoch start-up does not dominate, and feeds them
 three ways, side by side in the same workers:
 
 - ``ray_tfrecord feed``: ``read_tfrecords`` -> ``get_dataset_shard`` -> ``tf_dataset``.
@@ -240,7 +240,7 @@ def run(ctx) -> list[dict]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     schemas = {"tabular": ctx.tabular_schema, "image": ctx.image_schema}
-    files = {name: ctx.files(name) * PASSES for name in schemas}
+    files = {name: ctx.repeated(name, PASSES) for name in schemas}
     datasets = {}
     for set_name, (dataset, features, label, _) in SETS.items():
         datasets[set_name] = ray_tfrecord.read_tfrecords(
