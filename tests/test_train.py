@@ -78,7 +78,9 @@ def _equal_steps_loop(config):
 
     history = model.fit(feed, epochs=config["epochs"], callbacks=[CountSteps(), ReportCheckpoint()], verbose=0)
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
-        json.dump({"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused}, f)
+        json.dump({"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused,
+                   "tf_threads": [os.environ.get("TF_NUM_INTRAOP_THREADS"), os.environ.get("TF_NUM_INTEROP_THREADS")]},
+                  f)
 
 
 def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
@@ -104,6 +106,8 @@ def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
     expected_steps = (rows // workers) // batch_size * workers
     assert [log["steps"] for log in logs] == [[expected_steps] * epochs] * workers
     assert all(log["partial_refused"] for log in logs)
+    # A quarter-CPU worker runs TensorFlow on one thread per pool, not the machine's count.
+    assert [log["tf_threads"] for log in logs] == [["1", "1"]] * workers
     # Training really happened, and every rank saw the same (all-reduced) model.
     assert logs[0]["loss"][-1] < logs[0]["loss"][0]
     assert os.path.exists(os.path.join(result.checkpoint.path, MODEL_FILE))
@@ -233,3 +237,13 @@ def test_one_cpu_cluster_is_told_to_grow(ray_local, monkeypatch):
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
     with pytest.raises(ValueError, match=r"; give Ray more CPUs \(ray.init\(num_cpus=2\) or a larger cluster\)$"):
         tensorflow_trainer(_equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=1)
+
+
+def test_worker_env_sizes_tensorflow_threads_to_the_reservation_and_env_vars_win(ray_local, monkeypatch):
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    trainer = tensorflow_trainer(
+        _equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=2, cpus_per_worker=2.5,
+        env_vars={"TF_NUM_INTEROP_THREADS": "4"},
+    )
+    env = trainer.run_config.worker_runtime_env["env_vars"]
+    assert (env["TF_USE_LEGACY_KERAS"], env["TF_NUM_INTRAOP_THREADS"], env["TF_NUM_INTEROP_THREADS"]) == ("1", "2", "4")
