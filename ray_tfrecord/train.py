@@ -161,7 +161,7 @@ def _worker_env(cpus_per_worker: float) -> dict[str, str]:
 
     TensorFlow sizes both pools to the whole machine; workers holding a fraction
     of it then contend with each other and with the read tasks they wait on
-    (``make bench``, Ray Train, dense drain: 785k -> 1.2M rows/s on 2 cores).
+    (``make bench``, Ray Train, Keras fit on dense columns: 402k -> 527k rows/s).
     """
     threads = str(max(1, math.floor(cpus_per_worker)))
     return {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
