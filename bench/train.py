@@ -143,25 +143,27 @@ def _touch():
     return step
 
 
-def _drain(dataset, step) -> tuple[int, float, float]:
-    """Rows, seconds, and seconds until the first batch (Ray's per-epoch start-up, for Ray feeds)."""
+def _drain(batches, consume) -> tuple[int, float, float]:
+    """Rows, seconds, and seconds until the first batch (Ray's per-epoch start-up, for Ray
+    feeds); ``consume`` touches a batch and returns its row count."""
     start, rows, first = time.perf_counter(), 0, None
-    for features, label in dataset:
+    for batch in batches:
+        n = consume(batch)
+        if first is None:
+            first = time.perf_counter() - start
+        rows += n
+    return rows, time.perf_counter() - start, first
+
+
+def _tensors(step):
+    """``_drain``'s consumer for a feed of ``(features, label)`` tensors."""
+
+    def consume(batch) -> int:
+        features, label = batch
         step(features, label)
-        if first is None:
-            first = time.perf_counter() - start
-        rows += int(label.shape[0])
-    return rows, time.perf_counter() - start, first
+        return int(label.shape[0])
 
-
-def _drain_ray(shard) -> tuple[int, float, float]:
-    """``_drain`` of the shard's Arrow batches, no TensorFlow: Ray Data's delivery alone."""
-    start, rows, first = time.perf_counter(), 0, None
-    for batch in shard.iter_batches(batch_size=BATCH, batch_format="pyarrow", drop_last=True):
-        if first is None:
-            first = time.perf_counter() - start
-        rows += batch.num_rows
-    return rows, time.perf_counter() - start, first
+    return consume
 
 
 def _model(tf, features: list[str], element_spec):
@@ -198,9 +200,12 @@ def _loop(config: dict) -> None:
     for set_name in config["sets"]:
         features = SETS[set_name][1]
         feeds = _feeds(config, set_name)
-        drains = {name: (lambda feed=feed: _drain(feed, step)) for name, feed in feeds.items()}
+        drains = {name: (lambda feed=feed: _drain(feed, _tensors(step))) for name, feed in feeds.items()}
         shard = ray.train.get_dataset_shard(set_name)
-        drains[RAY_ONLY] = lambda: _drain_ray(shard)
+        # Ray Data's delivery alone: the shard's Arrow batches, no tensor made.
+        drains[RAY_ONLY] = lambda: _drain(
+            shard.iter_batches(batch_size=BATCH, batch_format="pyarrow", drop_last=True), lambda b: b.num_rows
+        )
         drained = {name: [] for name in drains}
         for drain in drains.values():
             barrier()
