@@ -88,11 +88,11 @@ class BenchContext:
         """The dataset's files ``passes`` times over, under distinct names (hard links): a
         reader given one path twice may read it once (ray_tfrecord does), so a repeated list
         of the same paths would time less data than it claims."""
-        out = []
+        files, out = self.files(dataset), []
         for k in range(passes):
             d = Path(self.tmp) / "passes" / dataset / f"{k:02d}"
             d.mkdir(parents=True, exist_ok=True)
-            for f in self.files(dataset):
+            for f in files:
                 link = d / Path(f).name
                 if not link.exists():
                     try:
