@@ -75,7 +75,7 @@ class RecordChunk:
     decompressed stream when ``compressed``).
     """
 
-    buffer: bytes | memoryview
+    buffer: bytes | memoryview | np.ndarray
     positions: np.ndarray
     lengths: np.ndarray
     base_offset: int
@@ -145,6 +145,14 @@ class _Replay:
             out, self._head = self._head[:n], self._head[n:]
             return out if len(out) == n else out + self._raw.read(n - len(out))
         return self._raw.read(n)
+
+    def readinto(self, view: np.ndarray) -> int:
+        if self._head:
+            n = min(len(self._head), len(view))
+            view[:n] = np.frombuffer(self._head, np.uint8, n)
+            self._head = self._head[n:]
+            return n
+        return self._raw.readinto(view)
 
     def close(self) -> None:
         self._raw.close()
@@ -221,6 +229,50 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
     return (_Inflate(stream, found, path) if found else stream), found
 
 
+class _Broken(Exception):
+    """The stream failed part way through a fill; ``data`` holds what arrived before."""
+
+    def __init__(self, error: CorruptRecordError, data: np.ndarray) -> None:
+        self.error, self.data = error, data
+
+
+def _read_into(stream: BinaryIO, view: np.ndarray) -> int:
+    readinto = getattr(stream, "readinto", None)
+    if readinto is not None:
+        return readinto(view) or 0
+    piece = stream.read(len(view))
+    view[: len(piece)] = np.frombuffer(piece, np.uint8)
+    return len(piece)
+
+
+def _fill(stream: BinaryIO, pending, target: int, piece_bytes: int) -> tuple[np.ndarray, bool]:
+    """``pending`` followed by the stream's next bytes, up to ``target`` in all, in one new buffer;
+    and whether the stream ended.
+
+    The bytes are read straight into that buffer rather than read and joined: each fresh
+    buffer costs its pages' first touch, which on a 4 MiB chunk outweighs the CRC scan, so one
+    is better than two. numpy asks for transparent huge pages on large arrays, which makes that
+    touch cheaper still. The buffer grows only as bytes arrive, never to a size a length field
+    merely claims.
+    """
+    have = len(pending)
+    buf = np.empty(max(have, min(target, have + piece_bytes)), np.uint8)
+    buf[:have] = np.frombuffer(pending, np.uint8)
+    while have < target:
+        if have == len(buf):
+            grown = np.empty(min(target, 2 * len(buf)), np.uint8)
+            grown[:have] = buf[:have]
+            buf = grown
+        try:
+            n = _read_into(stream, buf[have : min(len(buf), have + piece_bytes)])
+        except CorruptRecordError as e:
+            raise _Broken(e, buf[:have]) from None
+        if not n:
+            return buf[:have], True
+        have += n
+    return buf[:have], False
+
+
 def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
                 chunk_bytes: int = 2 << 20, size: int | None = None, compressed: bool = False,
@@ -262,24 +314,14 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
                 defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
                        f"{max_record_bytes}{where}")
             pending, base, need, resyncing = pending[1:], base + 1, 0, True
-        target = max(len(pending) + chunk_bytes, need)
-        parts, have = [pending], len(pending)
-        while have < target and not eof:
-            try:
-                piece = stream.read(min(target - have, max(chunk_bytes, 1 << 16)))
-            except CorruptRecordError as e:
-                # A damaged compressed stream cannot be resynchronised: keep the records
-                # decompressed so far and report the rest of the file as one lost stretch.
-                if not skip:
-                    raise
-                broken, eof = e, True
-                break
-            if not piece:
-                eof = True
-                break
-            parts.append(piece)
-            have += len(piece)
-        data = b"".join(parts) if len(parts) > 1 else parts[0]
+        try:
+            data, eof = _fill(stream, pending, max(len(pending) + chunk_bytes, need), max(chunk_bytes, 1 << 16))
+        except _Broken as e:
+            # A damaged compressed stream cannot be resynchronised: keep the records
+            # decompressed so far and report the rest of the file as one lost stretch.
+            if not skip:
+                raise e.error from None
+            data, broken, eof = e.data, e.error, True
         limit = -1 if end is None else end - base
         found = _native.scan(data, verify=verify_crc, final=eof and broken is None, skip=skip, limit=limit,
                              resync=resyncing)
