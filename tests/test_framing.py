@@ -144,9 +144,40 @@ def test_length_claiming_far_more_than_the_file_reads_nothing_more():
             Counting.asked += n if n > 0 else 0
             return super().read(n)
 
+        def readinto(self, view):
+            Counting.asked += len(view)
+            return super().readinto(view)
+
     with pytest.raises(CorruptRecordError, match=r"offset 0: truncated record: length field claims 1152921504606846976"):
         list(iter_chunks(Counting(data), path="m", size=len(data), chunk_bytes=64))
-    assert Counting.asked < 1 << 20
+    assert 0 < Counting.asked < 1 << 20
+
+
+@pytest.mark.parametrize("readable", ["readinto", "read only"])
+def test_length_claim_on_a_stream_of_unknown_size_allocates_only_what_arrives(readable):
+    # A compressed stream's size is unknown, so a claimed length cannot be refused up front: the
+    # buffer must still grow with the bytes that arrive, not to the 1 GiB the header claims.
+    import tracemalloc
+
+    header = struct.pack("<Q", 1 << 30)
+    data = header + struct.pack("<I", masked_crc32c(header)) + b"x" * 100_000
+
+    class ReadOnly:
+        def __init__(self, raw: bytes) -> None:
+            self._raw = io.BytesIO(raw)
+
+        def read(self, n=-1):
+            return self._raw.read(n)
+
+    stream = io.BytesIO(data) if readable == "readinto" else ReadOnly(data)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError, match=r"offset 0: truncated record: length field claims 1073741824"):
+            list(iter_chunks(stream, path="m", chunk_bytes=64))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
 
 
 @pytest.mark.parametrize("past", [0, 1, 16, 1000])
