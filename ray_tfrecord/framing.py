@@ -229,13 +229,6 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
     return (_Inflate(stream, found, path) if found else stream), found
 
 
-class _Broken(Exception):
-    """The stream failed part way through a fill; ``data`` holds what arrived before."""
-
-    def __init__(self, error: CorruptRecordError, data: np.ndarray) -> None:
-        self.error, self.data = error, data
-
-
 def _read_into(stream: BinaryIO, view: np.ndarray) -> int:
     readinto = getattr(stream, "readinto", None)
     if readinto is not None:
@@ -245,9 +238,11 @@ def _read_into(stream: BinaryIO, view: np.ndarray) -> int:
     return len(piece)
 
 
-def _fill(stream: BinaryIO, pending, target: int, piece_bytes: int) -> tuple[np.ndarray, bool]:
+def _fill(stream: BinaryIO, pending, target: int,
+          piece_bytes: int) -> tuple[np.ndarray, bool, CorruptRecordError | None]:
     """``pending`` followed by the stream's next bytes, up to ``target`` in all, in one new buffer;
-    and whether the stream ended.
+    whether the stream ended; and the error that ended it, if a damaged (compressed) stream
+    failed part way, the bytes before the damage being in the buffer.
 
     The bytes are read straight into that buffer rather than read and joined: each fresh
     buffer costs its pages' first touch, which on a 4 MiB chunk outweighs the CRC scan, so one
@@ -266,11 +261,11 @@ def _fill(stream: BinaryIO, pending, target: int, piece_bytes: int) -> tuple[np.
         try:
             n = _read_into(stream, buf[have : min(len(buf), have + piece_bytes)])
         except CorruptRecordError as e:
-            raise _Broken(e, buf[:have]) from None
+            return buf[:have], True, e
         if not n:
-            return buf[:have], True
+            return buf[:have], True, None
         have += n
-    return buf[:have], False
+    return buf[:have], False, None
 
 
 def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
@@ -302,7 +297,7 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
         # Nothing starts at or past the end: TensorFlow's reader reports end-of-data there, so
         # yield nothing rather than measure a negative remainder as a truncated record.
         return
-    base, pending, eof, need, resyncing, broken = start, b"", False, 0, resync, None
+    base, pending, need, resyncing = start, b"", 0, resync
     while end is None or base < end:
         room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)
         if need > room:
@@ -314,14 +309,11 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
                 defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
                        f"{max_record_bytes}{where}")
             pending, base, need, resyncing = pending[1:], base + 1, 0, True
-        try:
-            data, eof = _fill(stream, pending, max(len(pending) + chunk_bytes, need), max(chunk_bytes, 1 << 16))
-        except _Broken as e:
-            # A damaged compressed stream cannot be resynchronised: keep the records
-            # decompressed so far and report the rest of the file as one lost stretch.
-            if not skip:
-                raise e.error from None
-            data, broken, eof = e.data, e.error, True
+        data, eof, broken = _fill(stream, pending, max(len(pending) + chunk_bytes, need), max(chunk_bytes, 1 << 16))
+        if broken is not None and not skip:
+            raise broken
+        # A damaged compressed stream cannot be resynchronised: with skip, the records
+        # decompressed so far are kept and the rest of the file is reported as one lost stretch.
         limit = -1 if end is None else end - base
         found = _native.scan(data, verify=verify_crc, final=eof and broken is None, skip=skip, limit=limit,
                              resync=resyncing)
