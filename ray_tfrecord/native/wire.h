@@ -109,7 +109,9 @@ static inline int ld_fast(const uint8_t **pp, const uint8_t *end, uint8_t tag, c
 /* Decodes the varints of [p, end) into out (counting only when out is NULL). A byte-at-a-time
  * loop mispredicts on every other value of random small data (pixels, ids) and chains each load
  * on the previous length; instead one 8-byte load yields every varint that ends inside it (its
- * terminators are the bytes with the high bit clear), so the chain is per word, not per value. */
+ * terminators are the bytes with the high bit clear), so the chain is per word, not per value.
+ * out must have room for one value per byte of [p, end), the most there can be: whole words are
+ * decoded into eight slots at once, past the values that end in them. */
 static inline uint64_t compact7(uint64_t x) {
     x &= 0x7F7F7F7F7F7F7F7FULL;
     x = ((x & 0x7F007F007F007F00ULL) >> 1) | (x & 0x007F007F007F007FULL);
@@ -130,6 +132,23 @@ static RT_MAYBE_UNUSED int packed_varints(const uint8_t *p, const uint8_t *end, 
                     for (int i = 0; i < 8; i++) out[k + i] = p[i];
                 k += 8;
                 p += 8;
+                continue;
+            }
+            uint64_t c = w & 0x8080808080808080ULL;
+            if (m && !(c & (c << 8))) {
+                /* Every value in the word is one or two bytes (pixels 0-255, small ids): compute
+                 * all eight slots with no data-dependent branch, the j-th from the j-th byte
+                 * that starts a value, and keep the ones that end inside the word. Slots past
+                 * them are scratch: k never exceeds the bytes before p, and 8 more remain. */
+                uint64_t starts = (m << 8) | 0x80;
+                if (out)
+                    for (int j = 0; j < 8; j++) {
+                        uint64_t x = w >> ((__builtin_ctzll(starts | (1ULL << 63)) - 7) & 63);
+                        out[k + j] = (int64_t)((x & 0x7F) | ((x >> 1) & 0x3F80 & (0 - ((x >> 7) & 1))));
+                        starts &= starts - 1;
+                    }
+                k += __builtin_popcountll(m);
+                p += 8 - (__builtin_clzll(m) >> 3);
                 continue;
             }
             if (m) {
