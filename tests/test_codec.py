@@ -487,3 +487,37 @@ def test_null_typed_column_round_trips_as_kindless_feature():
     assert ref.decode_example(bytes(chunk.record(0)))["n"] == (None, [])
     assert "n" not in ref.decode_example(bytes(chunk.record(1)))
     assert codec.decode(chunk, batch.schema).equals(batch)
+
+
+def test_recycled_buffers_hold_only_the_new_decode():
+    # Column buffers over 256 KiB are recycled once Arrow lets go of them (native/pool.c): each
+    # decode must overwrite all it hands out, on two threads at once, while earlier tables live on.
+    from concurrent.futures import ThreadPoolExecutor
+
+    schema = pa.schema([("v", pa.list_(pa.int64())), ("s", pa.binary()), ("f", pa.list_(pa.float32(), 64))])
+    rng = np.random.default_rng(3)
+
+    def batch(seed: int) -> tuple[list[bytes], dict]:
+        rows = int(rng.integers(150, 200))
+        v = [rng.integers(-(seed + 1) * 1000, 300, int(rng.integers(500, 1500))).tolist() for _ in range(rows)]
+        s = [bytes([seed % 256]) * int(rng.integers(500, 1500)) for _ in range(rows)]
+        f = rng.standard_normal((rows, 64)).astype(np.float32)
+        payloads = [ref.encode_example({"v": ("int64_list", v[i]), "s": ("bytes_list", [s[i]]),
+                                        "f": ("float_list", f[i].tolist())}) for i in range(rows)]
+        return payloads, {"v": v, "s": s, "f": f.tolist()}
+
+    batches = [batch(k) for k in range(8)]
+    chunks = [chunk_of(p) for p, _ in batches]
+
+    def decode_and_check(k: int) -> pa.Table:
+        got = codec.decode(chunks[k], schema)
+        assert got.to_pydict() == batches[k][1]
+        return got
+
+    kept = [decode_and_check(k) for k in range(8)]
+    del kept[::2]  # half the buffers go back to the pool while the other half stay in use
+    with ThreadPoolExecutor(2) as pool:
+        later = list(pool.map(decode_and_check, [k % 8 for k in range(40)]))
+    for k, table in zip([1, 3, 5, 7], kept):
+        assert table.to_pydict() == batches[k][1]
+    assert len(later) == 40

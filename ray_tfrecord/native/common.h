@@ -124,17 +124,37 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
+/* Large buffers come from and go back to a cache of recycled ones (pool.c): memory from
+ * rt_pool_alloc may be released with free() or rt_pool_free(p, cap), the latter recycling it. */
+RT_API void *rt_pool_alloc(size_t want, size_t *cap);
+RT_API void rt_pool_free(void *p, size_t cap);
+
 /* Afterwards b->p is never NULL, so callers may form b->p + b->len even to write nothing. */
 static RT_MAYBE_UNUSED int buf_reserve(Buf *b, size_t extra) {
     if (extra <= b->cap - b->len && b->p) return 0;
     if (extra > SIZE_MAX / 4 - b->len) return -1;
     size_t want = b->len + extra, cap = b->cap ? b->cap : 256;
     while (cap < want) cap *= 2;
-    uint8_t *np = realloc(b->p, cap);
+    if (cap < ((size_t)256 << 10)) {
+        uint8_t *np = realloc(b->p, cap);
+        if (!np) return -1;
+        b->p = np;
+        b->cap = cap;
+        return 0;
+    }
+    uint8_t *np = rt_pool_alloc(cap, &cap);
     if (!np) return -1;
+    if (b->len) memcpy(np, b->p, b->len);
+    rt_pool_free(b->p, b->cap);
     b->p = np;
     b->cap = cap;
     return 0;
+}
+
+static RT_MAYBE_UNUSED void buf_free(Buf *b) {
+    rt_pool_free(b->p, b->cap);
+    b->p = NULL;
+    b->len = b->cap = 0;
 }
 
 /* Memory lent by the caller for the length of one call. */

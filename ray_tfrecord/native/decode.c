@@ -44,11 +44,11 @@ RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name
 RT_API void rt_decode_free(Cols *cs) {
     for (int i = 0; i < cs->ncols; i++) {
         Col *c = &cs->cols[i];
-        free(c->valid.p);
-        free(c->rowoff.p);
-        free(c->inner.p);
-        free(c->vals.p);
-        free(c->data.p);
+        buf_free(&c->valid);
+        buf_free(&c->rowoff);
+        buf_free(&c->inner);
+        buf_free(&c->vals);
+        buf_free(&c->data);
     }
     free(cs->cols);
     rt_table_free(&cs->names);

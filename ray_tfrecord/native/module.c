@@ -14,6 +14,7 @@
 #include <stdarg.h>
 
 #define RT_API static
+#include "pool.c"
 #include "crc32c.c"
 #include "scan.c"
 #include "table.c"
@@ -28,10 +29,11 @@ typedef struct {
     PyObject_HEAD
     uint8_t *data;
     Py_ssize_t size;
+    size_t cap;
 } NativeBuffer;
 
 static void nb_dealloc(NativeBuffer *self) {
-    free(self->data);
+    rt_pool_free(self->data, self->cap);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -61,6 +63,7 @@ static PyObject *buf_to_py(Buf *b) {
     if (!o) return NULL;
     o->data = b->p;
     o->size = (Py_ssize_t)b->len;
+    o->cap = b->cap;
     b->p = NULL;
     b->len = b->cap = 0;
     return (PyObject *)o;
@@ -280,16 +283,16 @@ static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
         else PyList_SET_ITEM(errlist, i, t);
     }
     if (!errlist) {
-        free(s.pos.p);
-        free(s.lens.p);
+        buf_free(&s.pos);
+        buf_free(&s.lens);
         return s.status == RT_OK ? NULL : raise_status(s.status);
     }
     PyObject *result = new_struct(ScanResultType, "(NNnNLnO)", buf_to_py(&s.pos), buf_to_py(&s.lens),
                                   (Py_ssize_t)s.consumed, errlist, (long long)s.nerr_total,
                                   (Py_ssize_t)(s.need > (size_t)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : s.need),
                                   s.resyncing ? Py_True : Py_False);
-    free(s.pos.p); /* still set only if buf_to_py failed */
-    free(s.lens.p);
+    buf_free(&s.pos); /* still set only if buf_to_py failed */
+    buf_free(&s.lens);
     return result;
 }
 
@@ -427,13 +430,13 @@ static PyObject *py_byte_array(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_END_ALLOW_THREADS
     spans_release(&s);
     if (st != RT_OK) {
-        free(off.p);
-        free(data.p);
+        buf_free(&off);
+        buf_free(&data);
         return raise_status(st);
     }
     PyObject *result = new_struct(ByteArrayType, "(NN)", buf_to_py(&off), buf_to_py(&data));
-    free(off.p); /* still set only if buf_to_py failed */
-    free(data.p);
+    buf_free(&off); /* still set only if buf_to_py failed */
+    buf_free(&data);
     return result;
 }
 
@@ -518,8 +521,8 @@ done:
             if (views[i][k].obj) PyBuffer_Release(&views[i][k]);
     free(cols);
     free(views);
-    free(out.p);
-    free(offs.p);
+    buf_free(&out);
+    buf_free(&offs);
     Py_XDECREF(names);
     Py_DECREF(seq);
     return result;
