@@ -124,8 +124,10 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-/* Large buffers come from and go back to a cache of recycled ones (pool.c): memory from
- * rt_pool_alloc may be released with free() or rt_pool_free(p, cap), the latter recycling it. */
+/* Buffers of RT_POOL_MIN and up come from and go back to a cache of recycled ones (pool.c):
+ * memory from rt_pool_alloc may be released with free() or rt_pool_free(p, cap), the latter
+ * recycling it. */
+#define RT_POOL_MIN ((size_t)256 << 10)
 RT_API void *rt_pool_alloc(size_t want, size_t *cap);
 RT_API void rt_pool_free(void *p, size_t cap);
 
@@ -135,7 +137,7 @@ static RT_MAYBE_UNUSED int buf_reserve(Buf *b, size_t extra) {
     if (extra > SIZE_MAX / 4 - b->len) return -1;
     size_t want = b->len + extra, cap = b->cap ? b->cap : 256;
     while (cap < want) cap *= 2;
-    if (cap < ((size_t)256 << 10)) {
+    if (cap < RT_POOL_MIN) {
         uint8_t *np = realloc(b->p, cap);
         if (!np) return -1;
         b->p = np;

@@ -14,13 +14,15 @@
  * next write then faults in a zero page, as a fresh buffer would). Marking costs a page-table
  * walk, which is why the first ones are not marked. Thread-safe: decoding runs without the GIL.
  */
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE /* madvise and sysconf under -std=c11, when compiled alone (the fuzz harness) */
+#endif
 #include "common.h"
 
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define RT_POOL_MIN ((size_t)256 << 10)
 #define RT_POOL_BYTES ((size_t)256 << 20)
 #define RT_POOL_SLOTS 32
 #define RT_POOL_HOT ((size_t)64 << 20) /* glibc's own largest trim threshold */
