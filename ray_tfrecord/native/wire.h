@@ -147,7 +147,8 @@ static RT_MAYBE_UNUSED int packed_varints(const uint8_t *p, const uint8_t *end, 
                         out[k + j] = (int64_t)((x & 0x7F) | ((x >> 1) & 0x3F80 & (0 - ((x >> 7) & 1))));
                         starts &= starts - 1;
                     }
-                k += __builtin_popcountll(m);
+                /* one bit per byte: a multiply sums them (popcount is a libcall without -mpopcnt) */
+                k += (int64_t)(((m >> 7) * 0x0101010101010101ULL) >> 56);
                 p += 8 - (__builtin_clzll(m) >> 3);
                 continue;
             }
