@@ -1,6 +1,6 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
- * inspect, encode. They call the codec's Python-free units (every .c file in ray_tfrecord/native/
+ * inspect, encode, and the buffer pool they allocate from. They call the codec's Python-free units (every .c file in ray_tfrecord/native/
  * but module.c) directly: no Python header, no libpython. Build one binary per target with
  * -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh does): linked with -fsanitize=fuzzer it
  * is a libFuzzer target, linked with fuzz/driver.c it replays a corpus and random mutations without
@@ -8,8 +8,9 @@
  *
  * Beyond "no crash and no sanitizer report", each target checks what the core promises its caller:
  * records found by the scan lie inside the buffer with valid CRCs, decoded buffers form valid Arrow
- * layouts, inspect's statistics agree with a decode using the schema it implies, and encode's output
- * scans and decodes back to exactly its input.
+ * layouts, inspect's statistics agree with a decode using the schema it implies, encode's output
+ * scans and decodes back to exactly its input, and the pool lends a buffer to one owner at a time,
+ * with all the capacity it reports.
  */
 #include <stdio.h>
 
@@ -553,6 +554,33 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
     free(out.p);
     free(offs.p);
     for (int i = 0; i < ncols; i++) gencol_free(&g[i]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pool: each 3 bytes an operation on up to 16 live buffers: byte 0 picks the slot, and takes a  */
+/* buffer of 128 KiB to 8 MiB (bytes 1-2) into an empty one or gives a full one back.            */
+
+static int fuzz_pool(const uint8_t *data, size_t size) {
+    enum { LIVE = 16 };
+    uint8_t *p[LIVE] = {0};
+    size_t cap[LIVE] = {0};
+    for (size_t i = 0; i + 3 <= size; i += 3) {
+        int s = data[i] % LIVE;
+        if (p[s]) {
+            /* every live buffer still holds its own tag: the pool never lent it out twice */
+            CHECK(p[s][0] == (uint8_t)s && p[s][cap[s] - 1] == (uint8_t)s && p[s][cap[s] / 2] == (uint8_t)s);
+            rt_pool_free(p[s], cap[s]);
+            p[s] = NULL;
+        } else {
+            size_t want = ((size_t)128 << 10) + (size_t)(data[i + 1] << 8 | data[i + 2]) * 126;
+            p[s] = rt_pool_alloc(want, &cap[s]);
+            CHECK(p[s] && cap[s] >= want);
+            /* the last byte too: ASan reports a capacity the allocation does not have */
+            p[s][0] = p[s][cap[s] / 2] = p[s][cap[s] - 1] = (uint8_t)s;
+        }
+    }
+    for (int s = 0; s < LIVE; s++) rt_pool_free(p[s], cap[s]);
     return 0;
 }
 

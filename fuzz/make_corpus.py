@@ -7,6 +7,7 @@ installed), wrapped in each target's input format (see fuzz/fuzz_native.c):
 - decode_example / decode_sequence: a column spec, then records as [u16 length][payload].
 - inspect: a record-type byte, then records as above.
 - encode: generator bytes (the target builds Arrow-like buffers from them).
+- pool: 3-byte operations (slot, size) on the buffer pool.
 
 Files named regression-* (inputs that once found a bug) are kept.
 
@@ -104,9 +105,15 @@ def records_bytes(payloads: list[bytes]) -> bytes:
     return b"".join(struct.pack("<H", len(p)) + p for p in payloads)
 
 
+def _pool_seeds() -> list[bytes]:
+    """Take/give sequences over the pool target's 16 slots, a few operations to a few hundred."""
+    rng = random.Random(13)
+    return [bytes(rng.randrange(256) for _ in range(3 * n)) for n in (4, 16, 64, 256)]
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "corpus")
-    seeds: dict[str, list[bytes]] = {t: [] for t in ("scan", "decode_example", "decode_sequence", "inspect", "encode")}
+    seeds: dict[str, list[bytes]] = {t: [] for t in ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool")}
     streams, example_payloads, sequence_payloads = [], [], []
     for batch, rtype, spec in batches():
         enc = codec.encode(batch, rtype)
@@ -134,6 +141,7 @@ def main() -> None:
     rng = random.Random(11)
     for first in range(0, 256, 5):
         seeds["encode"].append(bytes([first]) + bytes(rng.randrange(256) for _ in range(rng.randrange(16, 400))))
+    seeds["pool"] = _pool_seeds()
     for target, items in seeds.items():
         d = out / target
         d.mkdir(parents=True, exist_ok=True)
