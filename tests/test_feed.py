@@ -371,6 +371,18 @@ def test_variable_length_lists_do_not_warn(ray_local):
     assert batch.to_list() == [[1], [2, 3], [], [4, 5, 6]]
 
 
+def test_autotuning_is_off_unless_turned_back_on(ray_local):
+    # An epoch's end would often wait for the autotuner's next wake-up (see tf_dataset).
+    table = pa.table({"x": pa.array(np.arange(20, dtype=np.int64))})
+    ds = tf_dataset(ray.data.from_arrow(table), features="x", batch_size=4)
+    assert ds.options().autotune.enabled is False
+    assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert [b.numpy().tolist() for b in ds] == [list(range(k, k + 4)) for k in range(0, 20, 4)]
+    on = tf.data.Options()
+    on.autotune.enabled = True
+    assert ds.with_options(on).options().autotune.enabled is True
+
+
 _SPARSE_SCHEMA = pa.schema(
     [
         ("i", pa.int64()),
