@@ -196,7 +196,6 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
                         f"FAILED: {_cause(e)}"))
     for d in (ours_dir, ray_dir, ours_dir + "-warm", ray_dir + "-warm"):
         shutil.rmtree(d, ignore_errors=True)
-    del ds, ds_many
     return out
 
 

@@ -1,10 +1,10 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
- * inspect, encode, and the buffer pool they allocate from. They call the codec's Python-free units (every .c file in ray_tfrecord/native/
- * but module.c) directly: no Python header, no libpython. Build one binary per target with
- * -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh does): linked with -fsanitize=fuzzer it
- * is a libFuzzer target, linked with fuzz/driver.c it replays a corpus and random mutations without
- * libFuzzer.
+ * inspect, encode, and the buffer pool they allocate from. They call the codec's Python-free units
+ * (every .c file in ray_tfrecord/native/ but module.c) directly: no Python header, no libpython.
+ * Build one binary per target with -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh
+ * does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with fuzz/driver.c it
+ * replays a corpus and random mutations without libFuzzer.
  *
  * Beyond "no crash and no sanitizer report", each target checks what the core promises its caller:
  * records found by the scan lie inside the buffer with valid CRCs, decoded buffers form valid Arrow

@@ -1,6 +1,7 @@
 """Packed int64 lists long enough for every path of the native varint decoder: words of eight
 one-byte values (decoded in one go), words of one- and two-byte values (decoded eight slots at a
-time), words mixing longer lengths, 9- and 10-byte values, and tails shorter than a word. Checked against protobuf's own parser and against TensorFlow's."""
+time), words mixing longer lengths, 9- and 10-byte values, and tails shorter than a word. Checked
+against protobuf's own parser and against TensorFlow's."""
 
 from __future__ import annotations
 
