@@ -13,6 +13,9 @@ and feeds them these ways, side by side in the same workers:
   ``TensorSpec`` of each column (it cannot infer one for ``fixed_size_list``).
 - ``tf.data per worker``: each worker reads its share of the files with
   ``TFRecordDataset`` + ``tf.io.parse_example`` (no Ray Data).
+- ``ray_tfrecord feed, strategy=`` (fit only): the same shard, ``tf_dataset(...,
+  strategy=strategy, steps_per_epoch=...)``, which cuts per-replica batches itself so that
+  Keras does not re-split every element.
 - ``Ray iter_batches, no TensorFlow`` (drain only): the shard's Arrow batches with no
   tensor made, Ray Data's delivery alone; no Ray feed can pass it.
 - ``one batch repeated in memory, no input`` (fit only): one batch of the per-worker files
@@ -61,6 +64,8 @@ OURS, LATE, TO_TF, TF_DATA = (
     "Ray DataIterator.to_tf",
     "tf.data per worker",
 )
+# Fit only: our feed with strategy=, per-replica batches that Keras does not re-split.
+PER_REPLICA = "ray_tfrecord feed, strategy= (per-replica batches)"
 # Drain only: the shard's own iter_batches, pyarrow, no tensors; what every Ray feed is capped by.
 RAY_ONLY = "Ray iter_batches, no TensorFlow"
 # Fit only: one batch held in memory and repeated for as many steps as a shard gives; no input
@@ -202,6 +207,8 @@ def _loop(config: dict) -> None:
     import tensorflow as tf
     from ray.train.collective import barrier
 
+    from ray_tfrecord.feed import tf_dataset
+
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
     step = _touch()
@@ -230,9 +237,21 @@ def _loop(config: dict) -> None:
         # The batch comes from the per-worker files, not a Ray feed: abandoning a Ray epoch part
         # way would leave the split waiting on it.
         repeated = tf.data.Dataset.from_tensors(next(iter(feeds[TF_DATA]))).repeat(steps)
-        for name, feed in {**feeds, NO_INPUT: repeated.with_options(feeds[TF_DATA].options())}.items():
+        # Keras steps of BATCH // WORKERS rows per replica: the rows the other feeds give.
+        replica_steps = drained[OURS][0][0] // (BATCH // WORKERS)
+        per_replica = tf_dataset(
+            shard,
+            features=_inputs(features),
+            label=SETS[set_name][2],
+            batch_size=BATCH,
+            steps_per_epoch=replica_steps,
+            strategy=strategy,
+        )
+        fits = {**feeds, PER_REPLICA: per_replica, NO_INPUT: repeated.with_options(feeds[TF_DATA].options())}
+        for name, feed in fits.items():
             with strategy.scope():
-                model = _model(tf, features, feed.element_spec)
+                # A distributed dataset's element_spec is per replica; the model takes our feed's.
+                model = _model(tf, features, (feeds[OURS] if name == PER_REPLICA else feed).element_spec)
             times: list[float] = []
 
             class Clock(tf.keras.callbacks.Callback):
@@ -243,7 +262,13 @@ def _loop(config: dict) -> None:
                     times[-1] = time.perf_counter() - times[-1]
 
             barrier()
-            model.fit(feed, epochs=1 + config["fit_epochs"], callbacks=[Clock()], verbose=0)
+            model.fit(
+                feed,
+                epochs=1 + config["fit_epochs"],
+                steps_per_epoch=replica_steps if name == PER_REPLICA else None,
+                callbacks=[Clock()],
+                verbose=0,
+            )
             rows = steps * BATCH if name == NO_INPUT else drained[name][0][0]
             fitted[name] = [(rows, t, None) for t in times[1:]]
         results[set_name] = {"drain": drained, "fit": fitted}
@@ -312,14 +337,14 @@ def run(ctx) -> list[dict]:
         for mode in ("drain", "fit"):
             measured = _rates(per_rank, set_name, mode)
             rates = {impl: rate for impl, (rate, _) in measured.items()}
-            best = max(rates[OURS], rates[LATE])
+            best = max(rates[OURS], rates[LATE], rates.get(PER_REPLICA, 0.0))
             for impl, (rate, first) in measured.items():
                 note = f"{WORKERS} workers, {mode}, global batch {BATCH}"
                 if first is not None:
                     note += f", first batch after {first:.2f}s"
                 if impl in (RAY_ONLY, NO_INPUT):
                     note += f"; ours reaches {best / rate:.0%} of it"
-                elif impl not in (OURS, LATE):
+                elif impl not in (OURS, LATE, PER_REPLICA):
                     note += f"; ours is {rates[OURS] / rate:.2f}x, {best / rate:.2f}x at best"
                 rows.append(
                     {

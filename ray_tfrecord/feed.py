@@ -34,6 +34,20 @@ and prints, ``world_size * ((N // world_size) // batch_size)`` steps per
 epoch (1000 rows, 2 workers, ``batch_size=100``: ``10/10``), not the
 ``(N // world_size) // batch_size`` batches the feed yields.
 
+Per-replica batches
+-------------------
+That re-split costs Keras a pass over every element, and on a ragged column
+TensorFlow encodes each row as its own variant to do it: it can cost more than
+the feed.  ``strategy=strategy`` skips it: the feed cuts each replica's
+``batch_size // num_replicas_in_sync`` rows itself and returns a
+``tf.distribute.DistributedDataset`` (``distribute_datasets_from_function``).
+Keras requires a step count for those and keeps one iterator across epochs, so
+pass the same ``steps_per_epoch`` to ``tf_dataset`` and ``model.fit``, counted
+in Keras steps: ``(rows // world_size) // (batch_size // world_size)`` for an
+equal split of ``rows``.  Each Keras epoch is then one pass over the shard.  As
+Keras prefetches, the last epoch starts one more pass, which ends when ``fit``
+returns.
+
 Example::
 
     import pyarrow as pa
@@ -668,7 +682,8 @@ def tf_dataset(
     local_shuffle_seed: int | None = None,
     ray_prefetch_batches: int = 2,
     tf_prefetch: int = tf.data.AUTOTUNE,
-) -> tf.data.Dataset:
+    strategy: tf.distribute.Strategy | None = None,
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
     """A ``tf.data.Dataset`` of batches streamed from a Ray ``DataIterator`` or ``Dataset``.
 
     Args:
@@ -710,6 +725,14 @@ def tf_dataset(
         local_shuffle_seed: Seed for the local shuffle.
         ray_prefetch_batches: Batches Ray fetches ahead on its own threads.
         tf_prefetch: Batches TensorFlow keeps ready ahead of the training step.
+        strategy: Hand Keras per-replica batches already cut, as a
+            ``tf.distribute.DistributedDataset`` (see "Per-replica batches" in
+            the module docstring): each replica gets ``batch_size //
+            strategy.num_replicas_in_sync`` rows straight from this worker's
+            shard, and Keras skips its own re-split of every element, which on
+            a ragged column costs more than the feed.  Needs
+            ``steps_per_epoch``, counted in Keras steps, and the same value
+            given to ``model.fit``; every Keras epoch then reads the shard once.
 
     Inside a training worker, create the ``MultiWorkerMirroredStrategy`` first:
     TensorFlow refuses to set up collectives once other ops have run.
@@ -719,13 +742,17 @@ def tf_dataset(
         ``label`` is ``None``.  Its ``element_spec`` follows the Arrow schema,
         see :func:`type_spec`.  Auto-sharding is off: Ray already sharded it.
         tf.data autotuning is off (an epoch's end would often wait for the
-        autotuner's next wake-up); ``with_options`` turns it back on.
+        autotuner's next wake-up); ``with_options`` turns it back on.  With
+        ``strategy``, a ``tf.distribute.DistributedDataset`` of the same
+        elements, cut per replica, that repeats epoch after epoch.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if steps_per_epoch is not None and steps_per_epoch <= 0:
         raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-    if not drop_remainder and steps_per_epoch is None and (world_size := _world_size()) > 1:
+    if strategy is not None:
+        _check_per_replica(strategy, batch_size, steps_per_epoch)
+    elif not drop_remainder and steps_per_epoch is None and (world_size := _world_size()) > 1:
         raise ValueError(
             f"drop_remainder=False on one of {world_size} workers would let ranks run "
             "different step counts and hang synchronous training; keep "
@@ -744,35 +771,58 @@ def tf_dataset(
         _check_serialized(iterator)
         plans = _plans_with_defaults(record_schema, feature_names + label_names, defaults)
         decoding = _Decoding(pa.schema([record_schema.field(c) for c in plans]))
-    batching = _Batching.fitting(plans.values(), batch_size, local_shuffle_buffer_size)
-    packing = _Packing(plans)
-    fetches = _Fetches(
-        iterator,
-        batching,
-        drop_remainder,
-        steps_per_epoch,
-        {
-            "prefetch_batches": ray_prefetch_batches,
-            "local_shuffle_buffer_size": local_shuffle_buffer_size,
-            "local_shuffle_seed": local_shuffle_seed,
-        },
-    )
+    iter_options = {
+        "prefetch_batches": ray_prefetch_batches,
+        "local_shuffle_buffer_size": local_shuffle_buffer_size,
+        "local_shuffle_seed": local_shuffle_seed,
+    }
 
-    pack = packing.pack if decoding is None else lambda table: packing.pack(decoding(table))
-    dataset = tf.data.Dataset.from_generator(lambda: map(pack, fetches), output_signature=packing.signature())
-    dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
-    if batching.fetch_rows > batching.batch_size:
-        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
-    dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label))
-    if steps_per_epoch is not None:
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps_per_epoch))
-    if cache:
-        dataset = dataset.cache()
-    options = tf.data.Options()
-    # Ray already gave this worker its own shard; TF must not shard it again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # With autotuning on, an epoch's end often waits for the autotuner's next wake-up, whose
-    # period doubles from 10 ms (epochs of 2.56 s or 5.12 s exactly, in Ray Train and alone); the
-    # AUTOTUNE knobs then take TensorFlow's static defaults, at the same throughput.
-    options.autotune.enabled = False
-    return dataset.prefetch(tf_prefetch).with_options(options)
+    def batches(rows: int, steps: int | None) -> tf.data.Dataset:
+        batching = _Batching.fitting(plans.values(), rows, local_shuffle_buffer_size)
+        packing = _Packing(plans)
+        fetches = _Fetches(iterator, batching, drop_remainder, steps, iter_options)
+        pack = packing.pack if decoding is None else lambda table: packing.pack(decoding(table))
+        dataset = tf.data.Dataset.from_generator(lambda: map(pack, fetches), output_signature=packing.signature())
+        dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
+        if batching.fetch_rows > batching.batch_size:
+            dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
+        dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label))
+        if steps is not None:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
+        if cache:
+            dataset = dataset.cache()
+        options = tf.data.Options()
+        # Ray already gave this worker its own shard; TF must not shard it again.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        # With autotuning on, an epoch's end often waits for the autotuner's next wake-up, whose
+        # period doubles from 10 ms (epochs of 2.56 s or 5.12 s exactly, in Ray Train and alone); the
+        # AUTOTUNE knobs then take TensorFlow's static defaults, at the same throughput.
+        options.autotune.enabled = False
+        return dataset.prefetch(tf_prefetch).with_options(options)
+
+    if strategy is None:
+        return batches(batch_size, steps_per_epoch)
+
+    def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # This worker's replicas take its elements in turn, one each per step. Keras never
+        # restarts a distributed dataset's iterator, so each repetition is one pass over the shard.
+        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        return batches(context.get_per_replica_batch_size(batch_size), steps_per_epoch * local_replicas).repeat()
+
+    return strategy.distribute_datasets_from_function(per_worker)
+
+
+def _check_per_replica(strategy: tf.distribute.Strategy, batch_size: int, steps_per_epoch: int | None) -> None:
+    """Refuse a ``strategy=`` call that could not give every replica equal batches and steps."""
+    replicas = strategy.num_replicas_in_sync
+    if batch_size % replicas:
+        raise ValueError(
+            f"batch_size={batch_size} is the global batch, cut into equal parts for the strategy's {replicas} "
+            f"replicas; pass a multiple of {replicas}, e.g. batch_size={batch_size - batch_size % replicas or replicas}"
+        )
+    if steps_per_epoch is None:
+        raise ValueError(
+            "strategy= gives Keras a distributed dataset, and Keras fit then needs the step count up front: pass "
+            "the same steps_per_epoch to tf_dataset and to model.fit: (rows // world_size) // "
+            "(batch_size // world_size) for a Ray Train shard of a dataset of that many rows"
+        )

@@ -236,6 +236,35 @@ def test_unequal_shards_refuse_partial_batches(ray_local, monkeypatch):
     assert fixed.cardinality().numpy() == 1
 
 
+def test_strategy_gives_per_replica_batches_one_pass_per_epoch(ray_local):
+    """strategy=: a distributed dataset that repeats; each epoch of steps_per_epoch is one pass."""
+    strategy = tf.distribute.get_strategy()
+    ds = ray.data.from_arrow(
+        pa.table({"id": pa.array(range(40)), "tokens": pa.array([[i] * (i % 4) for i in range(40)])})
+    )
+    feed = tf_dataset(ds, features=["id", "tokens"], batch_size=8, steps_per_epoch=5, strategy=strategy)
+    # The default strategy distributes to itself: the repeating dataset comes back as is.
+    assert feed.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
+    it = iter(feed)
+    for _ in range(3):
+        epoch = [next(it) for _ in range(5)]
+        assert [len(b["id"]) for b in epoch] == [8] * 5
+        ids = np.concatenate([b["id"].numpy() for b in epoch])
+        assert sorted(ids) == list(range(40))
+        tokens = [row for b in epoch for row in b["tokens"].to_list()]
+        assert tokens == [[i] * (i % 4) for i in ids]
+
+
+def test_strategy_refuses_what_would_unbalance_replicas(ray_local):
+    ds = ray.data.range(40)
+    with pytest.raises(ValueError, match=r"pass the same steps_per_epoch to tf_dataset and to model\.fit"):
+        tf_dataset(ds, features="id", batch_size=8, strategy=tf.distribute.get_strategy())
+    # Only the replica count is read before refusing; a real 3-replica strategy needs 3 devices.
+    three = SimpleNamespace(num_replicas_in_sync=3)
+    with pytest.raises(ValueError, match=r"batch_size=8 is the global batch.*e\.g\. batch_size=6"):
+        tf_dataset(ds, features="id", batch_size=8, steps_per_epoch=1, strategy=three)
+
+
 def test_partial_batches_are_kept_outside_ray_train(ray_local):
     """On the driver no rank waits for another, so even unequal split shards keep their tails."""
     shards = ray.data.range(10).streaming_split(2, equal=False)

@@ -113,6 +113,76 @@ def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
     assert os.path.exists(os.path.join(result.checkpoint.path, MODEL_FILE))
 
 
+def _per_replica_loop(config):
+    import tensorflow as tf
+
+    from ray_tfrecord.feed import tf_dataset
+
+    rank = ray.train.get_context().get_world_rank()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = _build_model(tf)
+    shard = ray.train.get_dataset_shard("train")
+    steps = config["steps"]
+
+    def feed():
+        return tf_dataset(shard, features=["x", "tokens"], label="y", batch_size=config["batch_size"],
+                          steps_per_epoch=steps, strategy=strategy)
+
+    # Two epochs by hand: the rows this rank's replica gets, per epoch, and each batch's size.
+    seen, sizes, it = [], [], iter(feed())
+    for _ in range(config["epochs"]):
+        rows = []
+        for _ in range(steps):
+            features, label = next(it)
+            (x,), (tokens,), (y,) = (strategy.experimental_local_results(t) for t in (features["x"], features["tokens"], label))
+            sizes.append(int(y.shape[0]))
+            rows += [[*map(float, xi), ti, float(yi)] for xi, ti, yi in zip(x.numpy(), tokens.to_list(), y.numpy())]
+        seen.append(rows)
+    del it
+    counted = []
+
+    class CountSteps(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            counted.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            counted[-1] += 1
+
+    history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[CountSteps()], verbose=0)
+    # The shard still serves whole epochs after the passes those feeds started and left.
+    after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, features="x", label="y", batch_size=config["batch_size"]))
+    with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
+        json.dump({"seen": seen, "sizes": sizes, "steps": counted, "loss": history.history["loss"], "after": after}, f)
+
+
+def test_per_replica_feed_reads_each_row_once_an_epoch(ray_local, tmp_path):
+    rows, batch_size, workers, epochs = 1000, 100, 2, 2
+    steps = (rows // workers) // (batch_size // workers)
+    _write_rows(str(tmp_path / "data"), rows)
+    ds = ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA)
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    result = tensorflow_trainer(
+        _per_replica_loop,
+        datasets={"train": ds},
+        num_workers=workers,
+        cpus_per_worker=0.5,
+        train_loop_config={"batch_size": batch_size, "epochs": epochs, "steps": steps, "log_dir": str(log_dir)},
+        storage_path=str(tmp_path / "runs"),
+    ).fit()
+    assert result.error is None
+    logs = [json.loads((log_dir / f"rank{r}.json").read_text()) for r in range(workers)]
+    source = sorted([*map(float, r["x"]), r["tokens"], float(r["y"])] for r in ds.take_all())
+    for epoch in range(epochs):
+        assert sorted(row for log in logs for row in log["seen"][epoch]) == source
+    # Each replica's batch is the global batch's share: Keras does not cut it again.
+    assert all(log["sizes"] == [batch_size // workers] * (steps * epochs) for log in logs)
+    assert [log["steps"] for log in logs] == [[steps] * epochs] * workers
+    assert logs[0]["loss"][-1] < logs[0]["loss"][0]
+    assert [log["after"] for log in logs] == [(rows // workers) // batch_size * batch_size] * workers
+
+
 def _resumable_loop(config):
     import tensorflow as tf
 
