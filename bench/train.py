@@ -269,7 +269,7 @@ def _loop(config: dict) -> None:
                 callbacks=[Clock()],
                 verbose=0,
             )
-            rows = steps * BATCH if name == NO_INPUT else drained[name][0][0]
+            rows = steps * BATCH if name == NO_INPUT else drained[OURS if name == PER_REPLICA else name][0][0]
             fitted[name] = [(rows, t, None) for t in times[1:]]
         results[set_name] = {"drain": drained, "fit": fitted}
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:

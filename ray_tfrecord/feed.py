@@ -702,6 +702,8 @@ def tf_dataset(
             the step count.
         steps_per_epoch: Yield exactly this many batches per epoch, raising if
             the source runs short.  ``None`` means as many as the data gives.
+            With ``strategy``, Keras steps: every replica gets this many
+            per-replica batches an epoch.
         defaults: Values for null rows, by column, like TensorFlow's
             ``FixedLenFeature(default_value=...)``: a record without a scalar or
             fixed-length feature reads as a null row, which a tensor cannot

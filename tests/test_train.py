@@ -50,16 +50,34 @@ def _build_model(tf):
     return model
 
 
+def _worker_setup(tf):
+    """This worker's rank, the strategy (first, before other TF ops), the model and the shard."""
+    rank = ray.train.get_context().get_world_rank()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = _build_model(tf)
+    return rank, strategy, model, ray.train.get_dataset_shard("train")
+
+
+def _step_counter(tf, counts: list[int]):
+    """A Keras callback appending each epoch's step count to ``counts``."""
+
+    class StepCounter(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            counts.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            counts[-1] += 1
+
+    return StepCounter()
+
+
 def _equal_steps_loop(config):
     import tensorflow as tf
 
     from ray_tfrecord.feed import tf_dataset
 
-    rank = ray.train.get_context().get_world_rank()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        model = _build_model(tf)
-    shard = ray.train.get_dataset_shard("train")
+    rank, strategy, model, shard = _worker_setup(tf)
     feed = tf_dataset(shard, features=["x", "tokens"], label="y", batch_size=config["batch_size"])
     # The feed reads the world size from Ray Train's context: a partial last batch is refused here.
     try:
@@ -67,16 +85,8 @@ def _equal_steps_loop(config):
         partial_refused = False
     except ValueError:
         partial_refused = True
-    steps = []
-
-    class CountSteps(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            steps.append(0)
-
-        def on_train_batch_end(self, batch, logs=None):
-            steps[-1] += 1
-
-    history = model.fit(feed, epochs=config["epochs"], callbacks=[CountSteps(), ReportCheckpoint()], verbose=0)
+    steps: list[int] = []
+    history = model.fit(feed, epochs=config["epochs"], callbacks=[_step_counter(tf, steps), ReportCheckpoint()], verbose=0)
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
         json.dump({"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused,
                    "tf_threads": [os.environ.get("TF_NUM_INTRAOP_THREADS"), os.environ.get("TF_NUM_INTEROP_THREADS")]},
@@ -118,11 +128,7 @@ def _per_replica_loop(config):
 
     from ray_tfrecord.feed import tf_dataset
 
-    rank = ray.train.get_context().get_world_rank()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        model = _build_model(tf)
-    shard = ray.train.get_dataset_shard("train")
+    rank, strategy, model, shard = _worker_setup(tf)
     steps = config["steps"]
 
     def feed():
@@ -140,16 +146,9 @@ def _per_replica_loop(config):
             rows += [[*map(float, xi), ti, float(yi)] for xi, ti, yi in zip(x.numpy(), tokens.to_list(), y.numpy())]
         seen.append(rows)
     del it
-    counted = []
-
-    class CountSteps(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            counted.append(0)
-
-        def on_train_batch_end(self, batch, logs=None):
-            counted[-1] += 1
-
-    history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[CountSteps()], verbose=0)
+    counted: list[int] = []
+    history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[_step_counter(tf, counted)],
+                        verbose=0)
     # The shard still serves whole epochs after the passes those feeds started and left.
     after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, features="x", label="y", batch_size=config["batch_size"]))
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
