@@ -214,7 +214,7 @@ def _loop(config: dict) -> None:
     step = _touch()
     results: dict[str, dict[str, list]] = {}
     for set_name in config["sets"]:
-        features = SETS[set_name][1]
+        _, features, label, _ = SETS[set_name]
         feeds = _feeds(config, set_name)
         drains = {name: (lambda feed=feed: _drain(feed, _tensors(step))) for name, feed in feeds.items()}
         shard = ray.train.get_dataset_shard(set_name)
@@ -242,16 +242,17 @@ def _loop(config: dict) -> None:
         per_replica = tf_dataset(
             shard,
             features=_inputs(features),
-            label=SETS[set_name][2],
+            label=label,
             batch_size=BATCH,
             steps_per_epoch=replica_steps,
             strategy=strategy,
         )
         fits = {**feeds, PER_REPLICA: per_replica, NO_INPUT: repeated.with_options(feeds[TF_DATA].options())}
         for name, feed in fits.items():
+            # The per-replica feed reads our feed's shard and rows; its element_spec is per replica.
+            like = OURS if name == PER_REPLICA else name
             with strategy.scope():
-                # A distributed dataset's element_spec is per replica; the model takes our feed's.
-                model = _model(tf, features, (feeds[OURS] if name == PER_REPLICA else feed).element_spec)
+                model = _model(tf, features, fits[like].element_spec)
             times: list[float] = []
 
             class Clock(tf.keras.callbacks.Callback):
@@ -269,7 +270,7 @@ def _loop(config: dict) -> None:
                 callbacks=[Clock()],
                 verbose=0,
             )
-            rows = steps * BATCH if name == NO_INPUT else drained[OURS if name == PER_REPLICA else name][0][0]
+            rows = steps * BATCH if name == NO_INPUT else drained[like][0][0]
             fitted[name] = [(rows, t, None) for t in times[1:]]
         results[set_name] = {"drain": drained, "fit": fitted}
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
