@@ -2,7 +2,7 @@
 PY ?= $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
-NATIVE := $(wildcard ray_tfrecord/native/*.[ch])
+NATIVE := $(wildcard ray_tfrecord/core/native/*.[ch])
 
 .PHONY: demo test bench clean test-lowest clean-lowest
 
@@ -26,7 +26,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench
 
 # The lowest supported versions (.ci/lowest-constraints.txt) in a second venv, and the Ray- and
-# TF-facing tests under them. The editable install rebuilds ray_tfrecord/_native*.so in place; with
+# TF-facing tests under them. The editable install rebuilds ray_tfrecord/core/_native*.so in place; with
 # the same python3.11 that is the same file .venv builds. The pins go in with -r, not -c: as
 # constraints, pip 26 backtracks for many minutes through opentelemetry releases before settling.
 # TensorFlow 2.18, the lowest, has wheels for python 3.9-3.12 only.
@@ -55,4 +55,4 @@ clean-lowest:
 include fuzz.mk
 
 clean:
-	rm -rf $(VENV) build *.egg-info ray_tfrecord/*.so
+	rm -rf $(VENV) build *.egg-info ray_tfrecord/core/*.so

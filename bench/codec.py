@@ -7,8 +7,8 @@ import time
 
 import pyarrow as pa
 
-from ray_tfrecord import codec
-from ray_tfrecord.framing import RecordWriter, iter_chunks
+from ray_tfrecord.core import codec
+from ray_tfrecord.core.framing import RecordWriter, iter_chunks
 
 from .datasets import BenchContext, tf_feature_spec
 

@@ -82,7 +82,7 @@ SETS = {
 def _spec_of(t: pa.DataType):
     import tensorflow as tf
 
-    from ray_tfrecord.feed import type_spec
+    from ray_tfrecord.tf.feed import type_spec
 
     spec = type_spec(t)
     return tf.TensorSpec(spec.shape, spec.dtype) if isinstance(spec, tf.TensorSpec) else spec
@@ -97,7 +97,7 @@ def _feeds(config: dict, set_name: str) -> dict:
     import ray.train
     import tensorflow as tf
 
-    from ray_tfrecord.feed import tf_dataset
+    from ray_tfrecord.tf.feed import tf_dataset
 
     dataset, features, label, impls = SETS[set_name]
     shard = ray.train.get_dataset_shard(set_name)
@@ -207,7 +207,7 @@ def _loop(config: dict) -> None:
     import tensorflow as tf
     from ray.train.collective import barrier
 
-    from ray_tfrecord.feed import tf_dataset
+    from ray_tfrecord.tf.feed import tf_dataset
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
@@ -295,7 +295,7 @@ def run(ctx) -> list[dict]:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord.train import tensorflow_trainer
+    from ray_tfrecord.tf.train import tensorflow_trainer
 
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

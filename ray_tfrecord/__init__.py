@@ -9,32 +9,29 @@ Example::
     ray_tfrecord.write_tfrecords(ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
     assert ray_tfrecord.read_tfrecords("/tmp/words").count() == 10
 
-The codec layer (``codec``, ``framing``, ``schema``) needs only pyarrow and numpy; Ray and
+The format core (``ray_tfrecord.core``: ``codec``, ``framing``, ``schema``) needs only pyarrow and numpy; Ray and
 TensorFlow are imported when the names that need them are first used.
 """
 
 from importlib import import_module
 
-from .codec import BYTE_ARRAY_SCHEMA, EncodedRecords, RecordType, check_encodable, decode, decode_records, encode
-from .errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
-from .framing import CorruptionReport, RecordChunk, RecordWriter, detect_compression, iter_chunks, open_stream
-from .schema import infer_schema
+from .core.codec import BYTE_ARRAY_SCHEMA, EncodedRecords, RecordType, check_encodable, decode, decode_records, encode
+from .core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
+from .core.schema import infer_schema
 
+# Ray and TensorFlow load only when a name that needs them is first used.
 _LAZY = {
-    "read_tfrecords": "datasource",
-    "TFRecordDatasource": "datasource",
-    "write_tfrecords": "datasink",
-    "TFRecordDatasink": "datasink",
-    "tf_dataset": "feed",
-    "list_files": "listing",
+    "read_tfrecords": "io.datasource",
+    "TFRecordDatasource": "io.datasource",
+    "write_tfrecords": "io.datasink",
+    "TFRecordDatasink": "io.datasink",
+    "list_files": "io.listing",
+    "tf_dataset": "tf.feed",
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "CorruptionReport", "DecodeError", "EncodedRecords", "NotTFRecordError",
-    "RecordChunk",
-    "RecordType", "RecordWriter", "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records",
-    "detect_compression",
-    "encode", "infer_schema", "iter_chunks", "open_stream", *_LAZY,
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "EncodedRecords", "NotTFRecordError", "RecordType",
+    "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode", "infer_schema", *_LAZY,
 ]
 
 

@@ -26,13 +26,14 @@ import pyarrow.fs as pafs
 
 import ray
 
-from ray_tfrecord import _compat, options
-from ray_tfrecord.datasink import write_tfrecords
-from ray_tfrecord.datasource import TFRecordDatasource
-from ray_tfrecord.errors import CorruptRecordError, TFRecordError
-from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
-from ray_tfrecord.index import DEFAULT_SPACING_BYTES, build_index, write_index
-from ray_tfrecord.listing import DataFile, list_files
+from ray_tfrecord.io import _compat
+from ray_tfrecord.core import options, sizes
+from ray_tfrecord.io.datasink import write_tfrecords
+from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord.core.errors import CorruptRecordError, TFRecordError
+from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
+from ray_tfrecord.core.index import build_index, write_index
+from ray_tfrecord.io.listing import DataFile, list_files
 
 _READERS = {
     "parquet": lambda src: ray.data.read_parquet(src),
@@ -251,8 +252,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Write an index sidecar for each uncompressed file so that reads can split "
                                    "it into byte ranges.")
     p.add_argument("path", help=path_help)
-    p.add_argument("--spacing", type=int, default=DEFAULT_SPACING_BYTES,
-                   help=f"bytes between index checkpoints (default: {DEFAULT_SPACING_BYTES})")
+    p.add_argument("--spacing", type=int, default=sizes.INDEX_SPACING_BYTES,
+                   help=f"bytes between index checkpoints (default: {sizes.INDEX_SPACING_BYTES})")
     p.set_defaults(fn=_cmd_index)
 
     p = sub.add_parser("convert", parents=[common], help="Parquet / CSV / JSON -> TFRecord through Ray Data",

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from ray_tfrecord.cli import main
-from ray_tfrecord.index import RecordIndex, index_path
+from ray_tfrecord.core.index import RecordIndex, index_path
 
 pytestmark = pytest.mark.timeout(300)
 

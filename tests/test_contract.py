@@ -8,10 +8,10 @@ import io
 import numpy as np
 import pytest
 
-from ray_tfrecord import _native
-from ray_tfrecord._contract import (DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status,
+from ray_tfrecord.core import _native
+from ray_tfrecord.core._contract import (DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status,
                                     is_malformed)
-from ray_tfrecord.framing import frame_records, iter_chunks
+from ray_tfrecord.core.framing import frame_records, iter_chunks
 from .wire import entry, example, ints, ld
 
 

@@ -15,10 +15,10 @@ import tensorflow as tf
 from ray.data.datasource import FilenameProvider
 
 from ray_tfrecord import SchemaError, TFRecordError, read_tfrecords, write_tfrecords
-from ray_tfrecord._compat import TaskContext
-from ray_tfrecord.datasink import TFRecordDatasink
-from ray_tfrecord.index import RecordIndex, build_index, index_path, is_index_path
-from ray_tfrecord.listing import list_files
+from ray_tfrecord.io._compat import TaskContext
+from ray_tfrecord.io.datasink import TFRecordDatasink
+from ray_tfrecord.core.index import RecordIndex, build_index, index_path, is_index_path
+from ray_tfrecord.io.listing import list_files
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -309,7 +309,7 @@ def test_inexact_float64_is_refused_with_the_fix_and_leaves_nothing(ray_local, t
 
 
 def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
-    from ray_tfrecord.schema import SCHEMA_FILE
+    from ray_tfrecord.core.layout import SCHEMA_FILE
 
     table = pa.table({
         "name": pa.array(["a", "b"], pa.string()),

@@ -16,9 +16,10 @@ from ray.data import FileShuffleConfig
 from ray.data.context import DataContext
 from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 
+from ray_tfrecord.core import sizes
 from ray_tfrecord import read_tfrecords
-from ray_tfrecord.datasource import TFRecordDatasource
-from ray_tfrecord.index import build_index, index_path, write_index
+from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord.core.index import build_index, index_path, write_index
 from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)
@@ -251,7 +252,7 @@ def test_split_read_equals_whole_file_read(ray_local, big_file, monkeypatch, ind
         fs = pafs.LocalFileSystem()
         write_index(fs, str(big_file), build_index(fs, str(big_file), spacing_bytes=4096))
 
-    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 64 << 10)
+    monkeypatch.setattr(sizes, "MIN_SPLIT_BYTES", 64 << 10)
     for parallelism in (3, 7, 40):
         source = TFRecordDatasource(str(big_file), columns=["id", "name"])
         tasks = source.get_read_tasks(parallelism)
@@ -276,7 +277,7 @@ def test_stale_index_is_ignored(ray_local, big_file, tmp_path, monkeypatch):
     rng = np.random.default_rng(9)
     tf_write(big_file, [make_example(i, rng, pad=int(rng.integers(0, 500))) for i in range(2000)])
     assert os.path.exists(index_path(str(big_file)))
-    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 64 << 10)
+    monkeypatch.setattr(sizes, "MIN_SPLIT_BYTES", 64 << 10)
     source = TFRecordDatasource(str(big_file), columns=["id"])
     tasks = source.get_read_tasks(5)
     assert len(tasks) > 1 and all(t.metadata.num_rows is None for t in tasks)
@@ -287,7 +288,7 @@ def test_compressed_files_are_whole_file_tasks(ray_local, tmp_path, monkeypatch)
     rng = np.random.default_rng(2)
     path = tmp_path / "z" / "big.gz"
     tf_write(path, [make_example(i, rng, pad=500) for i in range(1000)], "GZIP")
-    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 1 << 10)
+    monkeypatch.setattr(sizes, "MIN_SPLIT_BYTES", 1 << 10)
     source = TFRecordDatasource(str(path), columns=["id"])
     tasks = source.get_read_tasks(8)
     assert len(tasks) == 1

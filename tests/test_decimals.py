@@ -20,9 +20,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord import _decimal, codec
-from ray_tfrecord.errors import DecodeError, TFRecordError
-from ray_tfrecord.framing import RecordWriter, frame_records, iter_chunks
+from ray_tfrecord.core import _decimal, codec
+from ray_tfrecord.core.errors import DecodeError, TFRecordError
+from ray_tfrecord.core.framing import RecordWriter, frame_records, iter_chunks
 
 from . import reference as ref
 

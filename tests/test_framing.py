@@ -15,10 +15,10 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord import _native
-from ray_tfrecord._contract import Status
-from ray_tfrecord.errors import CorruptRecordError
-from ray_tfrecord.framing import (CorruptionReport, RecordWriter, detect_compression, frame_records, iter_chunks,
+from ray_tfrecord.core import _native
+from ray_tfrecord.core._contract import Status
+from ray_tfrecord.core.errors import CorruptRecordError
+from ray_tfrecord.core.framing import (CorruptionReport, RecordWriter, detect_compression, frame_records, iter_chunks,
                                   masked_crc32c, open_stream)
 
 RECORDS = st.lists(st.binary(max_size=300), max_size=30)

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 import ray_tfrecord
-from ray_tfrecord.inference import inference, predict
+from ray_tfrecord.tf.inference import inference, predict
 
 pytestmark = pytest.mark.timeout(300)
 

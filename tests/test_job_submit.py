@@ -29,7 +29,7 @@ EXCLUDE_PACKAGE_COPY = json.dumps({"excludes": ["ray_tfrecord"]})
 PROBE = """
 import glob, json, os, ray
 def where():
-    import ray_tfrecord, ray_tfrecord._native as native
+    import ray_tfrecord, ray_tfrecord.core._native as native
     package = os.path.dirname(ray_tfrecord.__file__)
     has_native = bool(glob.glob(package + "/_native*.so"))
     return {"package": package, "native": native.__file__, "package_has_native": has_native}

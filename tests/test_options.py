@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ray_tfrecord import options
+from ray_tfrecord.core import options
 
 
 @pytest.mark.parametrize("value", options.RECORD_TYPES)

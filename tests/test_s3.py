@@ -12,10 +12,11 @@ import pyarrow.fs as pafs
 import pytest
 import ray
 
+from ray_tfrecord.core import sizes
 from ray_tfrecord import read_tfrecords, write_tfrecords
-from ray_tfrecord.datasource import TFRecordDatasource
-from ray_tfrecord.framing import RecordWriter, frame_records
-from ray_tfrecord.index import build_index, index_path, is_index_path, write_index
+from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord.core.framing import RecordWriter, frame_records
+from ray_tfrecord.core.index import build_index, index_path, is_index_path, write_index
 from ray.data.datasource.partitioning import PathPartitionFilter
 
 pytestmark = pytest.mark.timeout(300)
@@ -96,7 +97,7 @@ def test_split_read_on_s3(ray_local, s3, monkeypatch, indexed):
         w.write(frame_records(payloads))
     if indexed:
         write_index(s3, path, build_index(s3, path, spacing_bytes=8192))
-    monkeypatch.setattr(TFRecordDatasource, "_MIN_SPLIT_BYTES", 64 << 10)
+    monkeypatch.setattr(sizes, "MIN_SPLIT_BYTES", 64 << 10)
     source = TFRecordDatasource(f"s3://{BUCKET}/big{int(indexed)}", filesystem=s3, record_type="ByteArray")
     tasks = source.get_read_tasks(6)
     assert len(tasks) >= 4

@@ -10,10 +10,10 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord import codec
-from ray_tfrecord.errors import SchemaError
-from ray_tfrecord.framing import frame_records, iter_chunks
-from ray_tfrecord.schema import infer_schema, merge_recorded, stored_schema
+from ray_tfrecord.core import codec
+from ray_tfrecord.core.errors import SchemaError
+from ray_tfrecord.core.framing import frame_records, iter_chunks
+from ray_tfrecord.core.schema import infer_schema, merge_recorded, stored_schema
 
 from . import reference as ref
 from .strategies import column_specs, rows_for, same_floats

@@ -33,7 +33,7 @@ import _quiet_tf  # before anything imports TensorFlow: hides its start-up banne
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.train import ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf.train import ReportCheckpoint, restore, tensorflow_trainer
 
 MISSING = 0.1
 
@@ -73,7 +73,7 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import tensorflow as tf
 
-    from ray_tfrecord.feed import tf_dataset
+    from ray_tfrecord.tf.feed import tf_dataset
 
     tf.keras.utils.set_random_seed(config["seed"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

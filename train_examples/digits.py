@@ -5,7 +5,7 @@
 2. Both sets are read back with ``read_tfrecords``; the label comes back from the
    directory names as an int.
 3. Two Ray Train workers train a small network with
-   ``MultiWorkerMirroredStrategy``, fed by ``ray_tfrecord.feed.tf_dataset`` and
+   ``MultiWorkerMirroredStrategy``, fed by ``ray_tfrecord.tf.feed.tf_dataset`` and
    checkpointing every epoch.
 4. The trained model from the last checkpoint classifies the test set with Ray
    Data actors; predictions are written as TFRecord, keyed by row id, then read
@@ -44,8 +44,8 @@ import _quiet_tf  # before anything imports TensorFlow: hides its start-up banne
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.inference import inference
-from ray_tfrecord.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf.inference import inference
+from ray_tfrecord.tf.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
 
 PIXELS = 64
 CLASSES = 10
@@ -68,7 +68,7 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import tensorflow as tf
 
-    from ray_tfrecord.feed import tf_dataset
+    from ray_tfrecord.tf.feed import tf_dataset
 
     tf.keras.utils.set_random_seed(config["seed"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

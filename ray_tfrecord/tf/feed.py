@@ -52,7 +52,7 @@ Example::
 
     import pyarrow as pa
     import ray
-    from ray_tfrecord.feed import tf_dataset
+    from ray_tfrecord.tf.feed import tf_dataset
 
     ds = ray.data.from_arrow(pa.table({
         "pixels": pa.FixedSizeListArray.from_arrays(
@@ -82,8 +82,9 @@ import ray.train
 import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
-from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, _is_bytes, _is_var_list, _single_chunk, decode_records
-from ray_tfrecord.errors import SchemaError
+from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, decode_records
+from ray_tfrecord.core.errors import SchemaError
+from ray_tfrecord.core.types import is_bytes, is_var_list, single_chunk
 
 __all__ = ["tensors_from_arrow", "tf_dataset", "type_spec"]
 
@@ -190,7 +191,7 @@ def _plan(t: pa.DataType, column: str) -> _Plan:
         if leaf.ragged_rank or leaf.inner_shape or 0 in shape:
             raise TypeError(f"column {column!r}: tensor extension {t} is not supported")
         return _dense_plan(leaf, shape, _tensor_storage_values, column)
-    if _is_var_list(t):
+    if is_var_list(t):
         inner = _plan(t.value_type, column)
         convert = functools.partial(_ragged_values, inner=inner.convert)
         return _Plan(inner.ragged_rank + 1, inner.inner_shape, inner.dtype, convert)
@@ -204,7 +205,7 @@ def _plan(t: pa.DataType, column: str) -> _Plan:
         if t.list_size == 0:
             raise TypeError(f"column {column!r}: zero-length fixed-size lists are not supported")
         return _dense_plan(inner, (t.list_size, *inner.inner_shape), pa.FixedSizeListArray.flatten, column)
-    if _is_bytes(t):
+    if is_bytes(t):
         # Views have no numpy conversion; Arrow packs strings into one buffer, so copy.
         as_binary = pa.types.is_binary_view(t) or pa.types.is_string_view(t)
         return _leaf_plan(tf.string, column, zero_copy=False, as_binary=as_binary)
@@ -395,7 +396,7 @@ def tensors_from_arrow(
     """
     names = table.column_names if columns is None else list(columns)
     plans = _plans_with_defaults(table.schema, names, defaults)
-    return {name: _tensor(*plan.convert(_single_chunk(table.column(name)))) for name, plan in plans.items()}
+    return {name: _tensor(*plan.convert(single_chunk(table.column(name)))) for name, plan in plans.items()}
 
 
 @dataclass(frozen=True)
@@ -470,7 +471,7 @@ class _Fetches:
 @dataclass(frozen=True)
 class _Decoding:
     """Decodes a fetch of serialized ``Example`` records (``record_type="ByteArray"``) in this
-    process, with :func:`~ray_tfrecord.codec.decode_records`: the native decoder runs here, with
+    process, with :func:`~ray_tfrecord.core.codec.decode_records`: the native decoder runs here, with
     the GIL released, into the Arrow buffers the tensors are made from."""
 
     schema: pa.Schema
@@ -509,7 +510,7 @@ class _Packing:
     def pack(self, table: pa.Table) -> tuple[np.ndarray, ...]:
         components: list[np.ndarray] = []
         for name, plan in self.plans.items():
-            values, splits = plan.convert(_single_chunk(table.column(name)))
+            values, splits = plan.convert(single_chunk(table.column(name)))
             components.append(values)
             components.extend(splits)
         lengths = np.fromiter((c.size for c in components), np.int64, len(components))
@@ -627,14 +628,14 @@ def _warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = Non
     candidates = [
         f
         for f in schema
-        if (columns is None or f.name in columns) and _is_var_list(f.type) and f.type.value_type in _NUMERIC_DTYPES
+        if (columns is None or f.name in columns) and is_var_list(f.type) and f.type.value_type in _NUMERIC_DTYPES
     ]
     if not candidates:
         return []
     sample = ds.select_columns([f.name for f in candidates]).take_batch(_SAMPLE_ROWS, batch_format="pyarrow")
     warned = []
     for field in candidates:
-        column = _single_chunk(sample.column(field.name))
+        column = single_chunk(sample.column(field.name))
         if len(column) < 2 or column.null_count:
             continue
         lengths = np.diff(_list_children(column)[1])

@@ -16,13 +16,13 @@ Feature with no kind   ``list<null>`` (only ever empty)
 
 A feature missing from a record decodes to null; present but empty, to an empty list. Other
 integer / float widths in a read schema are cast from int64 / float32 with overflow checks;
-decimals follow the exact rules of :mod:`ray_tfrecord._decimal`.
+decimals follow the exact rules of :mod:`ray_tfrecord.core._decimal`.
 
 Example::
 
     import pyarrow as pa
-    from ray_tfrecord import codec
-    from ray_tfrecord.framing import iter_chunks
+    from ray_tfrecord.core import codec
+    from ray_tfrecord.core.framing import iter_chunks
     import io
 
     batch = pa.record_batch({"id": pa.array([1, 2]), "tags": pa.array([["a"], []], pa.list_(pa.binary()))})
@@ -40,19 +40,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _decimal, _native, options
+from . import _decimal, _native
 from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
 from .errors import DecodeError, SchemaError, TFRecordError
-from .framing import _HEADER_BYTES, RecordChunk
+from .framing import HEADER_BYTES, RecordChunk
 from .options import RecordType
+from .types import (KIND_NAMES, NATIVE_LEAF, column_spec, leaf_kind, leaf_type, record_type_code,
+                    single_chunk)
 
 #: The schema of ``record_type="ByteArray"``: each record's raw payload.
 BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
 
-_RTYPES = {"Example": RecordTypeCode.EXAMPLE, "SequenceExample": RecordTypeCode.SEQUENCE_EXAMPLE,
-           "ByteArray": RecordTypeCode.BYTE_ARRAY}
-_KIND_NAMES = {Kind.BYTES: "bytes_list", Kind.FLOAT: "float_list", Kind.INT64: "int64_list", Kind.NULL: "no kind"}
-_NATIVE_LEAF = {Kind.BYTES: pa.binary(), Kind.FLOAT: pa.float32(), Kind.INT64: pa.int64(), Kind.NULL: pa.null()}
 
 
 class EncodedRecords(NamedTuple):
@@ -63,66 +61,6 @@ class EncodedRecords(NamedTuple):
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-
-def record_type_code(record_type: str) -> int:
-    return _RTYPES[options.record_type(record_type)]
-
-
-def _is_bytes(t: pa.DataType) -> bool:
-    """Binary or string in any of Arrow's layouts (plain, large, view)."""
-    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary_view(t) or pa.types.is_string_view(t))
-
-
-def _leaf_kind(t: pa.DataType) -> Kind | None:
-    if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return Kind.INT64
-    if pa.types.is_floating(t) or _decimal.is_decimal(t):
-        return Kind.FLOAT
-    if _is_bytes(t):
-        return Kind.BYTES
-    if pa.types.is_null(t):
-        return Kind.NULL
-    return None
-
-
-def _is_var_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
-
-
-def _column_spec(field: pa.Field, record_type: str) -> tuple[Kind, Shape, int]:
-    """(kind, shape, fixed length) of a column, or SchemaError naming the column and type.
-
-    An extension type (such as Ray's fixed-shape tensor, a flattened list) is its storage type.
-    """
-    t = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
-    shape, n = Shape.SCALAR, 0
-    if _is_var_list(t) and _is_var_list(t.value_type):
-        if record_type != "SequenceExample":
-            raise SchemaError(f"type {t} is a SequenceExample feature_list; use record_type='SequenceExample'",
-                              column=field.name)
-        shape, t = Shape.SEQUENCE, t.value_type.value_type
-    elif _is_var_list(t):
-        shape, t = Shape.LIST, t.value_type
-    elif pa.types.is_fixed_size_list(t):
-        shape, n, t = Shape.FIXED, t.list_size, t.value_type
-    kind = _leaf_kind(t)
-    if kind is None or (kind == Kind.NULL and shape in (Shape.SCALAR, Shape.FIXED)):
-        raise SchemaError(f"type {field.type} has no TFRecord representation "
-                          "(int/bool/float/string/binary scalars and lists of them only)", column=field.name)
-    return kind, shape, n
-
-
-def _native_type(kind: Kind, shape: Shape, n: int) -> pa.DataType:
-    leaf = _NATIVE_LEAF[kind]
-    if shape == Shape.SCALAR:
-        return leaf
-    if shape == Shape.FIXED:
-        return pa.list_(leaf, n)
-    if shape == Shape.LIST:
-        return pa.list_(leaf)
-    return pa.list_(pa.list_(leaf))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,7 +74,7 @@ def _buf(b) -> pa.Buffer | None:
 def _build(kind: Kind, shape: Shape, n: int, res: _native.DecodedColumn, nrows: int) -> pa.Array:
     vbuf = _buf(res.validity)
     nulls, nvals = res.null_count, res.value_count
-    leaf_type = _NATIVE_LEAF[kind]
+    leaf_type = NATIVE_LEAF[kind]
     if kind == Kind.NULL:
         leaf = pa.nulls(nvals)
     elif kind == Kind.BYTES:
@@ -164,7 +102,7 @@ def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFR
     if is_malformed(status):
         msg = f"malformed record{stream}: {e} (at byte {e.offset} of the record)"
     elif status == Status.KIND_MISMATCH:
-        msg = f"feature is {_KIND_NAMES[actual]} but the schema says {_KIND_NAMES[expected]} ({specs.get(name, '?')})"
+        msg = f"feature is {KIND_NAMES[actual]} but the schema says {KIND_NAMES[expected]} ({specs.get(name, '?')})"
     elif status == Status.COUNT_MISMATCH:
         scalar = expected == 1 and specs.get(name) is not None and not pa.types.is_fixed_size_list(specs[name])
         shape = "a scalar column" if scalar else f"a {specs.get(name, 'fixed-size')} column"
@@ -183,7 +121,7 @@ def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
     if isinstance(field.type, pa.ExtensionType):
         storage = _cast(arr, pa.field(field.name, field.type.storage_type), chunk)
         return pa.ExtensionArray.from_storage(field.type, storage)
-    leaf = _leaf_type(field.type)
+    leaf = leaf_type(field.type)
     if _decimal.is_decimal(leaf):
         arr = _decimals(arr, leaf, chunk, field.name)
         if arr.type == field.type:
@@ -195,12 +133,6 @@ def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
         offset = chunk.offset(row) if row is not None else None
         raise DecodeError(f"cannot convert {arr.type} to {field.type}: {e}", path=chunk.path, offset=offset,
                           column=field.name) from None
-
-
-def _leaf_type(t: pa.DataType) -> pa.DataType:
-    while _is_var_list(t) or pa.types.is_fixed_size_list(t):
-        t = t.value_type
-    return t
 
 
 def _decimals(arr: pa.Array, t: pa.DataType, chunk: RecordChunk, column: str) -> pa.Array:
@@ -259,7 +191,7 @@ def _decode_plan(schema: pa.Schema, record_type: RecordType) -> tuple[list, list
     """Each column's (kind, shape, fixed length) and the specs the native decoder reads. A read
     decodes every chunk of every file with one schema; planning it per chunk was a third of
     the time of a read task over 10,000 small files."""
-    specs = [_column_spec(f, record_type) for f in schema]
+    specs = [column_spec(f, record_type) for f in schema]
     columns = [DecodeSpec(f.name.encode(), kind, shape, n,
                           Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT)
                for f, (kind, shape, n) in zip(schema, specs)]
@@ -324,16 +256,16 @@ def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
     offsets = np.frombuffer(arr.buffers()[1], np.int32 if width == 4 else np.int64, n + 1,
                             arr.offset * width).astype(np.int64)
     start, end = int(offsets[0]), int(offsets[-1])
-    # The decoder finds each payload _HEADER_BYTES after its record's position and reads nothing in
+    # The decoder finds each payload HEADER_BYTES after its record's position and reads nothing in
     # between, so the bytes before a payload may be anything: the previous record's tail, or (at
     # the start of the data, nothing being there) a copy's gap.
     data = arr.buffers()[2]
-    if start >= _HEADER_BYTES:
-        buffer = memoryview(data)[start - _HEADER_BYTES : end]
+    if start >= HEADER_BYTES:
+        buffer = memoryview(data)[start - HEADER_BYTES : end]
     else:
-        buffer = np.empty(_HEADER_BYTES + end - start, np.uint8)
+        buffer = np.empty(HEADER_BYTES + end - start, np.uint8)
         if end > start:
-            buffer[_HEADER_BYTES:] = np.frombuffer(data, np.uint8, end - start, start)
+            buffer[HEADER_BYTES:] = np.frombuffer(data, np.uint8, end - start, start)
     chunk = RecordChunk(buffer, offsets[:-1] - start, np.diff(offsets), 0, "serialized records")
     try:
         return decode(chunk, schema, record_type)
@@ -353,20 +285,11 @@ def _records_array(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
                              f"record_type='ByteArray') gives; this batch has {records.schema.names}")
         records = records.column(name)
     if isinstance(records, pa.ChunkedArray):
-        records = _single_chunk(records)
+        records = single_chunk(records)
     if not (pa.types.is_binary(records.type) or pa.types.is_large_binary(records.type)):
         raise ValueError(f"decode_records decodes binary or large_binary records, not {records.type}; "
                          "read the files with read_tfrecords(..., record_type='ByteArray')")
     return records
-
-
-def _single_chunk(col: pa.ChunkedArray) -> pa.Array:
-    """``col`` as one array: its only chunk as it is, several concatenated."""
-    if col.num_chunks == 1:
-        return col.chunk(0)
-    if col.num_chunks == 0:
-        return pa.array([], type=col.type)
-    return col.combine_chunks()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -383,7 +306,7 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
     """
     rtype = record_type_code(record_type)
     if rtype == RecordTypeCode.BYTE_ARRAY:
-        if len(schema) != 1 or _leaf_kind(schema[0].type) != Kind.BYTES:
+        if len(schema) != 1 or leaf_kind(schema[0].type) != Kind.BYTES:
             raise SchemaError(f"record_type='ByteArray' writes one binary or string column, got {schema}")
         return
     seen = set()
@@ -391,7 +314,7 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
         if f.name in seen:
             raise SchemaError("duplicate column name", column=f.name)
         seen.add(f.name)
-        _column_spec(f, record_type)
+        column_spec(f, record_type)
 
 
 def _first_true(mask: pa.Array) -> int:
@@ -481,7 +404,7 @@ def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
 
 
 def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Narrowing) -> EncodeColumn:
-    kind, shape, n = _column_spec(f, record_type)
+    kind, shape, n = column_spec(f, record_type)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None

@@ -15,11 +15,11 @@ Example (run with ``python example.py``)::
 
     import pyarrow as pa
     import ray
-    from ray_tfrecord.train import ReportCheckpoint, restore, tensorflow_trainer
+    from ray_tfrecord.tf.train import ReportCheckpoint, restore, tensorflow_trainer
 
     def loop(config):
         import tensorflow as tf
-        from ray_tfrecord.feed import tf_dataset
+        from ray_tfrecord.tf.feed import tf_dataset
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         with strategy.scope():
@@ -58,7 +58,7 @@ from ray.data import Dataset
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
-from ray_tfrecord.feed import _warn_constant_length_lists
+from ray_tfrecord.tf.feed import _warn_constant_length_lists
 
 __all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
 
@@ -94,7 +94,7 @@ def tensorflow_trainer(
 
     Every dataset is split across the workers with
     ``streaming_split(num_workers, equal=True)``, so each worker's shard has the
-    same row count and :func:`ray_tfrecord.feed.tf_dataset` gives every rank the
+    same row count and :func:`ray_tfrecord.tf.feed.tf_dataset` gives every rank the
     same number of batches.  A numeric ``list<T>`` column whose sampled rows
     all hold the same count gets a warning naming how to read it as a dense
     tensor (Keras ``Dense`` refuses the ragged one); the sample runs the
@@ -201,7 +201,7 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
     A checkpoint holds the weights with the optimizer state (what :func:`restore`
     resumes from) and, unless ``keras_file=False``, the whole model as
     :data:`MODEL_FILE` for inference (``tf_keras.models.load_model`` or
-    :func:`ray_tfrecord.inference.predict`).  Every rank saves, since
+    :func:`ray_tfrecord.tf.inference.predict`).  Every rank saves, since
     ``MultiWorkerMirroredStrategy`` wants all of them to take part, but only
     rank 0's copy is reported: the weights are mirrored.  The reported metrics
     are the epoch's Keras logs plus ``epoch`` (0-based).

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Tuple, Union
 
-from ray_tfrecord.errors import TFRecordError
+from ray_tfrecord.core.errors import TFRecordError
 
 __all__ = ["Component", "Glob", "is_glob", "parse_glob"]
 

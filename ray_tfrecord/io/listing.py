@@ -7,7 +7,7 @@ files and this package's ``_index.*`` sidecars). ``partition_filter`` and
 ``file_extensions`` are then applied, so a pruned file is never opened.
 
 A path that does not exist as written but holds a glob character is a Hadoop glob
-(:mod:`ray_tfrecord.globs`). It is walked from its base directory (the components before the
+(:mod:`ray_tfrecord.io.globs`). It is walked from its base directory (the components before the
 first wildcard), listing one level per wildcard component, only in directories that matched so
 far: on S3 a glob lists its prefix, never the bucket. A matched directory is read recursively,
 like a directory path. The glob's dataset root is its base directory less trailing
@@ -16,7 +16,7 @@ like a directory path. The glob's dataset root is its base directory less traili
 
 Example::
 
-    >>> from ray_tfrecord.listing import list_files
+    >>> from ray_tfrecord.io.listing import list_files
     >>> listing = list_files("/data/spark_output")  # doctest: +SKIP
     >>> listing.files[0]  # doctest: +SKIP
     DataFile(path='/data/spark_output/year=2021/part-00000.tfrecord', size=52311,
@@ -34,11 +34,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from ray.data.datasource import Partitioning, PathPartitionFilter
 
-from ray_tfrecord import _compat
-from ray_tfrecord.errors import TFRecordError
-from ray_tfrecord.globs import Component, Glob, is_glob, parse_glob
-from ray_tfrecord.index import dataset_root, index_candidates, is_index_path
-from ray_tfrecord.partitioning import PartitionValues, parse_partitions
+from ray_tfrecord.io import _compat
+from ray_tfrecord.core.errors import TFRecordError
+from ray_tfrecord.core.layout import is_hidden
+from ray_tfrecord.io.globs import Component, Glob, is_glob, parse_glob
+from ray_tfrecord.core.index import dataset_root, index_candidates, is_index_path
+from ray_tfrecord.io.partitioning import PartitionValues, parse_partitions
 
 __all__ = ["DataFile", "Listing", "list_files"]
 
@@ -81,7 +82,7 @@ def list_files(
     partition_filter: Optional[PathPartitionFilter] = None,
 ) -> Listing:
     """List the visible files under ``paths``: files, directories (read recursively) and
-    Hadoop globs (:mod:`ray_tfrecord.globs`). A file matched by several paths is listed once.
+    Hadoop globs (:mod:`ray_tfrecord.io.globs`). A file matched by several paths is listed once.
 
     Raises :class:`TFRecordError` for a malformed glob; ``FileNotFoundError`` for a missing
     path and :class:`TFRecordError` for a glob that matches no file, unless
@@ -262,12 +263,10 @@ def _visible_files(directory: str, entries: List[pafs.FileInfo]) -> List[Tuple[s
     return sorted(
         (e.path, e.size)
         for e in entries
-        if e.is_file and not _is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
+        if e.is_file and not is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
     )
 
 
-def _is_hidden(relative_path: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative_path.split("/") if part)
 
 
 def _no_match(glob: Glob, fs: pafs.FileSystem) -> TFRecordError:

@@ -9,7 +9,7 @@ Example::
 
     import ray
     from ray_tfrecord import read_tfrecords
-    from ray_tfrecord.inference import inference
+    from ray_tfrecord.tf.inference import inference
 
     ds = read_tfrecords("/data/digits/test")
     inference(ds, "/models/digits.keras", "/data/digits/predictions",
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from ray.data import ActorPoolStrategy, Dataset, SaveMode
 
-from ray_tfrecord import options
+from ray_tfrecord.core import options
 
 __all__ = ["inference", "predict"]
 
@@ -56,7 +56,7 @@ class _Predictor:
         import tensorflow as tf
         import tf_keras
 
-        from ray_tfrecord.feed import tensors_from_arrow
+        from ray_tfrecord.tf.feed import tensors_from_arrow
 
         self._to_tensors = tensors_from_arrow
         self._defaults = defaults
@@ -115,11 +115,11 @@ def predict(
         ds: Input rows, e.g. from ``ray_tfrecord.read_tfrecords``.
         model_path: A Keras file (``.keras``/``.h5``) or Keras SavedModel
             directory written by ``tf-keras`` (what Ray Train's TensorFlow
-            backend uses; :data:`ray_tfrecord.train.MODEL_FILE` in a checkpoint
+            backend uses; :data:`ray_tfrecord.tf.train.MODEL_FILE` in a checkpoint
             is one), or any TensorFlow SavedModel with a single-output
             ``serving_default`` signature.
         features: Model input column(s), converted as
-            :func:`ray_tfrecord.feed.tf_dataset` does (one name: a tensor;
+            :func:`ray_tfrecord.tf.feed.tf_dataset` does (one name: a tensor;
             several: a dict keyed by column, matching named model inputs).
         key_columns: Columns copied to the output so every prediction can be
             joined back to its input (at least one).
@@ -127,7 +127,7 @@ def predict(
             the model gives one value per row, else a ``fixed_size_list`` of
             the row's outputs flattened (floats as float32).
         defaults: Values for null rows of feature columns (records without
-            the feature), as in :func:`ray_tfrecord.feed.tf_dataset`; checked
+            the feature), as in :func:`ray_tfrecord.tf.feed.tf_dataset`; checked
             on the driver when the dataset's schema is known.
         batch_size: Rows per model call.
         concurrency: Number of model-holding actors.
@@ -164,7 +164,7 @@ def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mappin
     """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
     if not defaults:
         return
-    from ray_tfrecord.feed import _plans_with_defaults
+    from ray_tfrecord.tf.feed import _plans_with_defaults
 
     schema = ds.schema(fetch_if_missing=False)
     if schema is None:

@@ -1,5 +1,5 @@
 /*
- * ray_tfrecord._native: the Python face of the native codec, and the only file that includes
+ * ray_tfrecord.core._native: the Python face of the native codec, and the only file that includes
  * Python.h. It parses arguments, releases the GIL around the Python-free cores, and hands results
  * back as named struct sequences over zero-copy buffers (pa.py_buffer wraps them).
  *
@@ -48,7 +48,7 @@ static PyBufferProcs nb_as_buffer = {(getbufferproc)nb_getbuffer, NULL};
 static PySequenceMethods nb_as_seq = {.sq_length = (lenfunc)nb_len};
 
 static PyTypeObject NativeBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord._native.Buffer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Buffer",
     .tp_basicsize = sizeof(NativeBuffer),
     .tp_dealloc = (destructor)nb_dealloc,
     .tp_as_buffer = &nb_as_buffer,
@@ -120,15 +120,15 @@ static PyStructSequence_Field byte_array_fields[] = {
     {"data", "the records' payloads, end to end"},
     {NULL, NULL}};
 
-static PyStructSequence_Desc scan_desc = {"ray_tfrecord._native.ScanResult", "What scan() found.", scan_fields, 7};
-static PyStructSequence_Desc frame_error_desc = {"ray_tfrecord._native.FrameError", "A framing defect.",
+static PyStructSequence_Desc scan_desc = {"ray_tfrecord.core._native.ScanResult", "What scan() found.", scan_fields, 7};
+static PyStructSequence_Desc frame_error_desc = {"ray_tfrecord.core._native.FrameError", "A framing defect.",
                                                  frame_error_fields, 4};
-static PyStructSequence_Desc decoded_desc = {"ray_tfrecord._native.DecodedColumn",
+static PyStructSequence_Desc decoded_desc = {"ray_tfrecord.core._native.DecodedColumn",
                                              "One column's Arrow buffers, from decode().", decoded_fields, 8};
-static PyStructSequence_Desc inspected_desc = {"ray_tfrecord._native.InspectedColumn",
+static PyStructSequence_Desc inspected_desc = {"ray_tfrecord.core._native.InspectedColumn",
                                                "One feature's statistics, from inspect().", inspected_fields, 7};
-static PyStructSequence_Desc encoded_desc = {"ray_tfrecord._native.Encoded", "What encode() wrote.", encoded_fields, 2};
-static PyStructSequence_Desc byte_array_desc = {"ray_tfrecord._native.ByteArray",
+static PyStructSequence_Desc encoded_desc = {"ray_tfrecord.core._native.Encoded", "What encode() wrote.", encoded_fields, 2};
+static PyStructSequence_Desc byte_array_desc = {"ray_tfrecord.core._native.ByteArray",
                                                 "Records' payloads as one binary column.", byte_array_fields, 2};
 
 static PyTypeObject *ScanResultType, *FrameErrorType, *DecodedColumnType, *InspectedColumnType, *EncodedType,
@@ -226,7 +226,7 @@ static void spans_release(Spans *s) {
 }
 
 /* Specs are read by field name, so any object with those attributes (the NamedTuples of
- * ray_tfrecord._contract) will do. */
+ * ray_tfrecord.core._contract) will do. */
 static int attr_ll(PyObject *o, const char *name, long long *out) {
     PyObject *v = PyObject_GetAttrString(o, name);
     if (!v) return -1;
@@ -602,7 +602,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&NativeBufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    CodecError = PyErr_NewException("ray_tfrecord._native.CodecError", PyExc_ValueError, NULL);
+    CodecError = PyErr_NewException("ray_tfrecord.core._native.CodecError", PyExc_ValueError, NULL);
     if (!CodecError || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&NativeBufferType) < 0 ||
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||

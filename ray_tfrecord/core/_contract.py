@@ -1,4 +1,4 @@
-"""The named contract with the native codec (``ray_tfrecord._native``), in one place.
+"""The named contract with the native codec (``ray_tfrecord.core._native``), in one place.
 
 The enums are built from the values the extension exports, so Python never re-types a native
 number; results come back as named struct sequences (``ScanResult``, ``DecodedColumn``, ...) and

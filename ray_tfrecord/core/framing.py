@@ -3,12 +3,12 @@
 A TFRecord file is records laid end to end, each ``uint64 length | uint32 masked_crc32c(length) |
 data | uint32 masked_crc32c(data)``. GZIP and ZLIB wrap the whole stream. The scan itself runs in
 the native core; this module feeds it bounded chunks of a stream and turns its findings into
-:class:`RecordChunk` objects or located :class:`~ray_tfrecord.errors.CorruptRecordError` s.
+:class:`RecordChunk` objects or located :class:`~ray_tfrecord.core.errors.CorruptRecordError` s.
 
 Example::
 
     import io
-    from ray_tfrecord.framing import frame_records, iter_chunks
+    from ray_tfrecord.core.framing import frame_records, iter_chunks
 
     data = frame_records([b"a", b"bc"])
     (chunk,) = iter_chunks(io.BytesIO(data), path="<memory>")
@@ -25,17 +25,16 @@ from typing import BinaryIO, Iterable, Iterator, Literal
 
 import numpy as np
 
-from . import _native, options
+from . import _native, options, sizes
 from ._contract import Status
 from .errors import CorruptRecordError, NotTFRecordError
 from .options import Compression, OnCorrupt
 
 _log = logging.getLogger(__name__)
 # Bytes of a record's header before its payload: the length (8) and the length's CRC (4).
-_HEADER_BYTES = 12
+HEADER_BYTES = 12
 
 _WBITS = {"gzip": 31, "zlib": 15}
-_RAW_READ = 256 << 10  # TensorFlow's default compression buffer size
 #: Protobuf cannot parse a message of 2 GiB or more, so no Example can be larger.
 MAX_RECORD_BYTES = (1 << 31) - 1
 
@@ -60,7 +59,7 @@ def detect_compression(head: bytes) -> Compression | None:
     A plain file whose first length CRC holds is plain whatever its bytes look like: a length
     whose low bytes happen to read ``78 9c`` must not be mistaken for a ZLIB header.
     """
-    if len(head) >= _HEADER_BYTES and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
+    if len(head) >= HEADER_BYTES and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
         return None
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -97,7 +96,7 @@ class RecordChunk:
 
     def record(self, i: int) -> memoryview:
         """The payload of record i (no copy)."""
-        p = int(self.positions[i]) + _HEADER_BYTES
+        p = int(self.positions[i]) + HEADER_BYTES
         return memoryview(self.buffer)[p : p + int(self.lengths[i])]
 
 
@@ -195,7 +194,7 @@ class _Inflate:
             src = self._d.unconsumed_tail
             if not src:
                 if self._d.eof:
-                    src = self._d.unused_data or self._raw.read(_RAW_READ)
+                    src = self._d.unused_data or self._raw.read(sizes.COMPRESSED_READ_BYTES)
                     if not src:
                         self._eof = True
                         break
@@ -203,7 +202,7 @@ class _Inflate:
                         raise self._fail("data after the end of the ZLIB stream")
                     self._d = zlib.decompressobj(_WBITS[self._kind])  # concatenated gzip members
                 else:
-                    src = self._raw.read(_RAW_READ)
+                    src = self._raw.read(sizes.COMPRESSED_READ_BYTES)
                     if not src:
                         raise self._fail(f"truncated {self._kind.upper()} stream")
                     self._raw_pos += len(src)
@@ -273,7 +272,7 @@ def _fill(stream: BinaryIO, pending, target: int,
 
 def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
-                chunk_bytes: int = 2 << 20, size: int | None = None, compressed: bool = False,
+                chunk_bytes: int = sizes.STREAM_CHUNK_BYTES, size: int | None = None, compressed: bool = False,
                 max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RecordChunk]:
     """Yield chunks of whole records read from ``stream``, which is positioned at ``start``.
 

@@ -11,7 +11,7 @@ Rules (a sample never silently changes what the data means):
   ``fixed_size_list<T>[n]``.
 - SequenceExample ``feature_lists`` -> ``list<list<T>>``.
 - Kinds never merge: a feature that is ``int64_list`` in one record and ``float_list`` in another
-  is a :class:`~ray_tfrecord.errors.SchemaError` naming both records.
+  is a :class:`~ray_tfrecord.core.errors.SchemaError` naming both records.
 - A feature that never has a kind set in the sample (every occurrence an empty ``Feature``) is
   ``list<null>``: it reads back as empty lists and writes back as empty ``Feature`` s, so it
   round-trips exactly. An empty list *with* a kind (``int64_list {}``) keeps its kind.
@@ -21,9 +21,9 @@ Example::
 
     import io
     import pyarrow as pa
-    from ray_tfrecord import codec
-    from ray_tfrecord.framing import iter_chunks
-    from ray_tfrecord.schema import infer_schema
+    from ray_tfrecord.core import codec
+    from ray_tfrecord.core.framing import iter_chunks
+    from ray_tfrecord.core.schema import infer_schema
 
     enc = codec.encode(pa.record_batch({"x": pa.array([[1], [2, 3]])}))
     schema = infer_schema(iter_chunks(io.BytesIO(bytes(enc.data)), path="<memory>"))
@@ -39,15 +39,13 @@ import pyarrow as pa
 
 from . import _native
 from ._contract import Kind, RecordTypeCode, Section, Status
-from .codec import _KIND_NAMES, _NATIVE_LEAF, BYTE_ARRAY_SCHEMA, record_type_code
+from .codec import BYTE_ARRAY_SCHEMA
 from .errors import DecodeError, SchemaError
 from .framing import RecordChunk
+from .layout import SCHEMA_FILE
 from .options import RecordType
+from .types import KIND_NAMES, NATIVE_LEAF, record_type_code
 
-#: Where a dataset written by ray_tfrecord records its records' Arrow schema (hidden, like
-#: ``_SUCCESS``), so a read restores what TFRecord cannot carry: string vs binary, integer widths,
-#: fixed-size lists.
-SCHEMA_FILE = "_tfrecord_schema.arrow"
 _RECORD_TYPE_KEY = b"ray_tfrecord.record_type"
 
 
@@ -117,7 +115,7 @@ def _inspect(chunk: RecordChunk, rtype: int) -> list[_native.InspectedColumn]:
     except _native.CodecError as e:
         name = e.column.decode("utf-8", "replace") if e.column is not None else None
         if e.status == Status.KIND_MISMATCH:
-            raise SchemaError(f"feature is {_KIND_NAMES[e.actual]} here but {_KIND_NAMES[e.expected]} in the record at "
+            raise SchemaError(f"feature is {KIND_NAMES[e.actual]} here but {KIND_NAMES[e.expected]} in the record at "
                               f"offset {chunk.offset(e.other_record)}; kinds never merge", path=chunk.path,
                               offset=chunk.offset(e.record), column=name) from None
         raise DecodeError(f"malformed record: {e} (at byte {e.offset} of the record)", path=chunk.path,
@@ -141,7 +139,7 @@ def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Examp
             elif kind != Kind.NONE and s.kind == Kind.NONE:
                 s.kind, s.kind_place = kind, place
             elif kind != Kind.NONE and kind != s.kind:
-                raise SchemaError(f"feature is {_KIND_NAMES[kind]} in {_place(place)} but {_KIND_NAMES[s.kind]} in "
+                raise SchemaError(f"feature is {KIND_NAMES[kind]} in {_place(place)} but {KIND_NAMES[s.kind]} in "
                                   f"{_place(s.kind_place)}; kinds never merge", column=_name(col.name))
             s.min_count = min(s.min_count, col.min_count)
             s.max_count = max(s.max_count, col.max_count)
@@ -167,7 +165,7 @@ def _name(raw: bytes) -> str:
 def _type(s: _Stats, fixed_size_lists: bool) -> pa.DataType:
     # The native counts cover only the records that hold the feature: a record lacking it is null
     # whatever the shape, so it does not decide the shape.
-    leaf = pa.null() if s.kind == Kind.NONE else _NATIVE_LEAF[s.kind]
+    leaf = pa.null() if s.kind == Kind.NONE else NATIVE_LEAF[s.kind]
     if s.section == Section.FEATURE_LISTS:
         return pa.list_(pa.list_(leaf))
     if s.kind != Kind.NONE and s.min_count == s.max_count == 1:

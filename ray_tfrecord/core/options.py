@@ -4,7 +4,7 @@ Every public function that takes one of these calls the matching checker, so the
 CLI (whose ``choices`` come from the same tuples) and the Ray adapters agree on the spelling and
 on the message a wrong value gets::
 
-    >>> from ray_tfrecord import options
+    >>> from ray_tfrecord.core import options
     >>> options.record_type("SequenceExample")
     'SequenceExample'
     >>> options.compression("auto", allow_auto=True) is None

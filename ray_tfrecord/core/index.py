@@ -57,13 +57,12 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pyarrow.fs as pafs
 
+from . import sizes
+from .layout import INDEX_PREFIX, LEGACY_INDEX_SUFFIX
+
 logger = logging.getLogger(__name__)
 
-INDEX_PREFIX = "_index."
-# The former layout, a hidden sidecar beside the data file; still read.
-_LEGACY_SUFFIX = ".idx"
 INDEX_VERSION = 1
-DEFAULT_SPACING_BYTES = 256 << 10
 # Bytes hashed at each end of the data file to detect a changed file.
 FINGERPRINT_BYTES = 4096
 
@@ -113,14 +112,14 @@ def index_candidates(data_path: str) -> List[str]:
     directory, name = posixpath.split(data_path)
     # The outermost root first: the datasink and the CLI write there.
     return [index_path(data_path, root) for root in reversed(_hive_roots(data_path))] + [
-        posixpath.join(directory, f".{name}{_LEGACY_SUFFIX}")
+        posixpath.join(directory, f".{name}{LEGACY_INDEX_SUFFIX}")
     ]
 
 
 def is_index_path(path: str) -> bool:
     """Whether ``path`` names an index sidecar (of either layout)."""
     name = posixpath.basename(path)
-    return name.startswith(INDEX_PREFIX) or (name.startswith(".") and name.endswith(_LEGACY_SUFFIX))
+    return name.startswith(INDEX_PREFIX) or (name.startswith(".") and name.endswith(LEGACY_INDEX_SUFFIX))
 
 
 def _crc(data: bytes) -> int:
@@ -139,7 +138,7 @@ class RecordIndex:
     tail_crc: int
     ordinals: np.ndarray
     offsets: np.ndarray
-    spacing_bytes: int = DEFAULT_SPACING_BYTES
+    spacing_bytes: int = sizes.INDEX_SPACING_BYTES
 
     def matches(self, data_size: int, head: bytes, tail: bytes) -> bool:
         """Whether this index still describes a file of ``data_size`` bytes that
@@ -235,7 +234,7 @@ class IndexBuilder:
     (:meth:`observe_bytes`) so it can fingerprint the file's head and tail.
     """
 
-    def __init__(self, spacing_bytes: int = DEFAULT_SPACING_BYTES):
+    def __init__(self, spacing_bytes: int = sizes.INDEX_SPACING_BYTES):
         if spacing_bytes <= 0:
             raise ValueError(f"spacing_bytes must be positive, got {spacing_bytes}")
         self._spacing = spacing_bytes
@@ -339,15 +338,15 @@ def build_index(
     filesystem: pafs.FileSystem,
     data_path: str,
     *,
-    spacing_bytes: int = DEFAULT_SPACING_BYTES,
+    spacing_bytes: int = sizes.INDEX_SPACING_BYTES,
 ) -> Optional[RecordIndex]:
     """Scan ``data_path`` (verifying every CRC) and return its index, or ``None`` if
     the file is compressed (compressed files are never split, so never indexed).
 
-    Raises :class:`~ray_tfrecord.errors.CorruptRecordError` naming the file and
+    Raises :class:`~ray_tfrecord.core.errors.CorruptRecordError` naming the file and
     offset if the file is damaged: an index of a damaged file would be wrong.
     """
-    from ray_tfrecord.framing import detect_compression, iter_chunks
+    from ray_tfrecord.core.framing import detect_compression, iter_chunks
 
     size = filesystem.get_file_info(data_path).size
     head, tail = read_fingerprint(filesystem, data_path, size)

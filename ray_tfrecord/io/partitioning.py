@@ -7,7 +7,7 @@ spelled ``__HIVE_DEFAULT_PARTITION__``, as Hive and Spark do. Values are URL-quo
 string survives the trip::
 
     >>> import pyarrow as pa
-    >>> from ray_tfrecord.partitioning import hive_directory, parse_partitions
+    >>> from ray_tfrecord.io.partitioning import hive_directory, parse_partitions
     >>> hive_directory({"year": 2021, "city": "São Paulo/Centro", "code": None})
     'year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__'
     >>> schema, values = parse_partitions(["/d/year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__/f"])
@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data.datasource import Partitioning, PathPartitionParser
 
-__all__ = ["HIVE_NULL_PARTITION", "PartitionValues", "hive_directory", "parse_partitions", "split_by_partitions"]
+from ray_tfrecord.core.layout import HIVE_NULL_PARTITION
 
-# Hive's spelling of a null partition value (Spark writes it too).
-HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+__all__ = ["PartitionValues", "hive_directory", "parse_partitions", "split_by_partitions"]
+
 
 # One file's partition values, ``((column, typed value), ...)`` in column order: a tuple, so
 # that it is hashable and cheap to pickle into every read task.

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 from ray.data.context import DataContext
 from ray.exceptions import RayTaskError, UserCodeException
 
-from ray_tfrecord.errors import TFRecordError
+from ray_tfrecord.core.errors import TFRecordError
 
 # Ray counts a column-less Arrow table as empty; a column of this name carries the row
 # count of a batch whose columns were all projected away, and Ray drops it again. No
@@ -134,7 +134,7 @@ def from_task(error: TFRecordError) -> TFRecordError:
     """``error``, to raise from inside a Ray task so that the driver's message is a few lines:
     Ray hides its own frames and does not call it an internal error. Still an instance of
     ``type(error)`` with the same ``path``, ``offset`` and ``column``; a subclass defined
-    outside ``ray_tfrecord.errors`` has no twin and is returned as it is."""
+    outside ``ray_tfrecord.core.errors`` has no twin and is returned as it is."""
     base = _BASES.get(type(error), type(error))
     return _rebuild(base, error.__dict__) if base in _TWINS else error
 

@@ -9,8 +9,8 @@ tasks of about the split size.
 
 Example::
 
-    >>> from ray_tfrecord.listing import DataFile
-    >>> from ray_tfrecord.planning import FileRange, pack_ranges
+    >>> from ray_tfrecord.io.listing import DataFile
+    >>> from ray_tfrecord.io.planning import FileRange, pack_ranges
     >>> ranges = [FileRange.whole(DataFile(f"f{i}", 10, ())) for i in range(5)]
     >>> [[r.path for r in task] for task in pack_ranges(ranges, target_bytes=20)]
     [['f0', 'f1'], ['f2', 'f3'], ['f4']]
@@ -29,10 +29,11 @@ import pyarrow.fs as pafs
 import ray
 from ray.data.datasource import FileShuffleConfig
 
-from ray_tfrecord.framing import detect_compression
-from ray_tfrecord.index import RecordIndex, load_index, read_fingerprint
-from ray_tfrecord.listing import DataFile
-from ray_tfrecord.partitioning import PartitionValues
+from ray_tfrecord.core import sizes
+from ray_tfrecord.core.framing import detect_compression
+from ray_tfrecord.core.index import RecordIndex, load_index, read_fingerprint
+from ray_tfrecord.io.listing import DataFile
+from ray_tfrecord.io.partitioning import PartitionValues
 
 __all__ = [
     "MAX_RANGES_PER_TASK", "FileRange", "Probe", "ProbeKind", "Shuffle", "check_shuffle", "default_read_tasks",
@@ -188,4 +189,4 @@ def default_read_tasks(estimated_bytes: int, target_block_bytes: Optional[int]) 
     if not ray.is_initialized():
         return None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return max(cpus, math.ceil(estimated_bytes / (target_block_bytes or (128 << 20))))
+    return max(cpus, math.ceil(estimated_bytes / (target_block_bytes or sizes.TARGET_BLOCK_BYTES)))

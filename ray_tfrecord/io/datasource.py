@@ -7,15 +7,15 @@ Example:
 
 Reading works in three stages:
 
-1. *Listing* (driver, at construction): :func:`ray_tfrecord.listing.list_files`, which
+1. *Listing* (driver, at construction): :func:`ray_tfrecord.io.listing.list_files`, which
    skips names starting with ``.`` or ``_`` and applies ``partition_filter`` and
    ``file_extensions`` before any file is opened. Hive partition columns are typed
-   from all listed values (:mod:`ray_tfrecord.partitioning`).
+   from all listed values (:mod:`ray_tfrecord.io.partitioning`).
 2. *Schema* (driver, at construction): the one given, else the schema recorded by the
    ``write_tfrecords`` that wrote the directory, else inferred from the first
    ``infer_sample_records`` records of the first files (at most ``_INFER_MAX_FILES``
    files); see :func:`_record_schema`. Partition and ``path`` columns are added to it.
-3. *Planning* (driver, per execution): :mod:`ray_tfrecord.planning` cuts files into
+3. *Planning* (driver, per execution): :mod:`ray_tfrecord.io.planning` cuts files into
    byte ranges and packs them into read tasks of about ``total_bytes / parallelism``
    bytes; each task streams one block per 4 MiB of framed records (or
    ``target_max_block_size``, if smaller).
@@ -38,12 +38,13 @@ from ray.data.block import BlockMetadata
 from ray.data.context import DataContext
 from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, ReadTask
 
-from ray_tfrecord import _compat, options
-from ray_tfrecord.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
-from ray_tfrecord.errors import TFRecordError
-from ray_tfrecord.framing import CorruptionReport, iter_chunks, open_stream
-from ray_tfrecord.listing import Listing, list_files
-from ray_tfrecord.planning import (
+from ray_tfrecord.io import _compat
+from ray_tfrecord.core import options, sizes
+from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
+from ray_tfrecord.core.errors import TFRecordError
+from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
+from ray_tfrecord.io.listing import Listing, list_files
+from ray_tfrecord.io.planning import (
     FileRange,
     Shuffle,
     check_shuffle,
@@ -53,7 +54,7 @@ from ray_tfrecord.planning import (
     shuffle_files,
     split_bytes,
 )
-from ray_tfrecord.schema import infer_schema, read_stored_schema
+from ray_tfrecord.core.schema import infer_schema, read_stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class TFRecordDatasource(Datasource):
             strings), else inferred (see ``infer_sample_records``). Partition and ``path``
             columns are added to it. A given schema is checked against the first chunk
             (1 MiB) of the data here, on the driver: a contradicting type raises
-            :class:`~ray_tfrecord.errors.DecodeError`, a field none of those records has
+            :class:`~ray_tfrecord.core.errors.DecodeError`, a field none of those records has
             gets a ``UserWarning``.
         columns: Columns to produce (record, partition or ``path`` columns), in this
             order. Only these record columns are decoded. ``Dataset.select_columns``
@@ -125,7 +126,7 @@ class TFRecordDatasource(Datasource):
             ``None`` (uncompressed), ``"gzip"`` or ``"zlib"`` for all files.
         verify_crc: Check each record's data CRC (the length CRC is always checked).
         on_corrupt: ``"raise"`` (default) raises
-            :class:`~ray_tfrecord.errors.CorruptRecordError` naming the file and byte
+            :class:`~ray_tfrecord.core.errors.CorruptRecordError` naming the file and byte
             offset; ``"skip"`` drops bad records, logs them and counts them; the
             count is available from :meth:`corruption_report` after execution. A
             damaged GZIP/ZLIB stream keeps the records before the damage and counts the
@@ -133,7 +134,7 @@ class TFRecordDatasource(Datasource):
         filesystem: The ``pyarrow.fs.FileSystem`` to use; inferred from the paths
             when absent.
         partitioning: How directory names map to columns; Hive ``key=value`` by
-            default, ``None`` to disable. Values are typed (see :mod:`ray_tfrecord.partitioning`) unless
+            default, ``None`` to disable. Values are typed (see :mod:`ray_tfrecord.io.partitioning`) unless
             ``partitioning.field_types`` says otherwise.
         partition_filter: A ``PathPartitionFilter``; files it rejects are dropped
             after listing and never opened.
@@ -151,17 +152,10 @@ class TFRecordDatasource(Datasource):
             count is the same in every sampled record.
     """
 
-    # A file is cut into ranges only if each range gets at least this many bytes:
-    # smaller ranges cost more in task overhead than they gain in parallelism.
-    _MIN_SPLIT_BYTES = 16 << 20
     # Schema inference opens at most this many files, however few records they hold.
     _INFER_MAX_FILES = 32
     # Threads used to read heads/tails/indexes of large files while planning.
     _PLANNING_THREADS = 16
-    # Encoded bytes decoded per block: decoding into a few MiB at a time is ~1.5x faster
-    # than one huge buffer (fresh pages fault in as a large output grows), and image-like
-    # data grows ~5x when decoded, which still leaves blocks well under Ray's target size.
-    _CHUNK_BYTES = 4 << 20
 
     def __init__(
         self,
@@ -251,7 +245,7 @@ class TFRecordDatasource(Datasource):
                     verify_crc=self._verify_crc,
                     on_corrupt=self._on_corrupt,
                     report=report,
-                    chunk_bytes=1 << 20,
+                    chunk_bytes=sizes.SAMPLE_CHUNK_BYTES,
                 ):
                     yield chunk
                     remaining -= len(chunk)
@@ -279,7 +273,7 @@ class TFRecordDatasource(Datasource):
         data_context: Optional[DataContext] = None,
     ) -> List[ReadTask]:
         files = shuffle_files(self._listing.files, self._shuffle, _compat.execution_index(data_context))
-        target = split_bytes(sum(f.size for f in files), parallelism, self._MIN_SPLIT_BYTES)
+        target = split_bytes(sum(f.size for f in files), parallelism, sizes.MIN_SPLIT_BYTES)
         ranges = plan_ranges(self._listing.filesystem, files, self._compression, target, self._PLANNING_THREADS)
         config = self._read_config()
         tasks = []
@@ -315,7 +309,7 @@ class TFRecordDatasource(Datasource):
 
     def _read_config(self) -> _ReadConfig:
         schema = self.output_schema()
-        target = self._data_context.target_max_block_size or (128 << 20)
+        target = self._data_context.target_max_block_size or sizes.TARGET_BLOCK_BYTES
         return _ReadConfig(
             filesystem=_compat.pickleable_filesystem(self._listing.filesystem),
             record_type=self._record_type,
@@ -324,7 +318,7 @@ class TFRecordDatasource(Datasource):
             compression=self._compression,
             verify_crc=self._verify_crc,
             on_corrupt=self._on_corrupt,
-            chunk_bytes=int(min(target, self._CHUNK_BYTES)),
+            chunk_bytes=int(min(target, sizes.READ_CHUNK_BYTES)),
             ledger=self._ledger,
         )
 

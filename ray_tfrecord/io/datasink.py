@@ -11,7 +11,7 @@ Example:
 Commit protocol (what a concurrent reader sees):
 
 1. ``on_write_start`` (driver) applies ``mode``; write tasks then write every file,
-   and its index sidecar (``_index.<relative path>``, see :mod:`ray_tfrecord.index`), under
+   and its index sidecar (``_index.<relative path>``, see :mod:`ray_tfrecord.core.index`), under
    ``<path>/_temporary/<write id>/``. Readers that
    skip ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see
    these files, so a failed or killed write leaves nothing visible (at worst a
@@ -49,23 +49,19 @@ from ray.data import Dataset, SaveMode
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
-from ray_tfrecord import _compat, options
-from ray_tfrecord.codec import RecordType, check_encodable, encode
-from ray_tfrecord.errors import SchemaError, TFRecordError
-from ray_tfrecord.framing import RecordWriter
-from ray_tfrecord.index import DEFAULT_SPACING_BYTES, IndexBuilder, index_path, write_index
-from ray_tfrecord.partitioning import split_by_partitions
-from ray_tfrecord.schema import SCHEMA_FILE, merge_recorded, read_stored_schema, stored_schema
+from ray_tfrecord.io import _compat
+from ray_tfrecord.core import options, sizes
+from ray_tfrecord.core.codec import RecordType, check_encodable, encode
+from ray_tfrecord.core.errors import SchemaError, TFRecordError
+from ray_tfrecord.core.framing import RecordWriter
+from ray_tfrecord.core.index import IndexBuilder, index_path, write_index
+from ray_tfrecord.io.partitioning import split_by_partitions
+from ray_tfrecord.core.layout import SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER, is_hidden_name
+from ray_tfrecord.core.schema import merge_recorded, read_stored_schema, stored_schema
 
 logger = logging.getLogger(__name__)
 
-SUCCESS_MARKER = "_SUCCESS"
-STAGING_DIR = "_temporary"
 
-# Input gathered per write task (so per file, unless a size/row limit cuts earlier).
-_MIN_BYTES_PER_WRITE = 128 << 20
-# ...but at most 1/_STORE_SHARE_PER_WRITE of the cluster's object store (see min_bytes_per_write).
-_STORE_SHARE_PER_WRITE = 16
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 
 
@@ -206,7 +202,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self._mode = mode
         self._partition_cols = list(partition_cols or [])
         self._min_rows_per_file = min_rows_per_file
-        self._min_bytes_per_write = min(target_file_size or _MIN_BYTES_PER_WRITE, _MIN_BYTES_PER_WRITE)
+        self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
         self._staging = posixpath.join(self._path, STAGING_DIR, uuid.uuid4().hex)
         self._config = _WriteConfig(
             filesystem=self._fs,
@@ -358,7 +354,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
         It records the schema every task wrote, merged into the one recorded before for an append
-        (:func:`~ray_tfrecord.schema.merge_recorded`); it is removed when tasks wrote conflicting
+        (:func:`~ray_tfrecord.core.schema.merge_recorded`); it is removed when tasks wrote conflicting
         types, or when appending to files whose schema was not recorded.
         """
         merged = read_stored_schema(self._fs, self._path) if appended_to_data else None
@@ -409,7 +405,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             return None  # the caller's row target bundles instead (Ray accepts only one of the two)
         store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
         if store:
-            return max(1, min(self._min_bytes_per_write, int(store) // _STORE_SHARE_PER_WRITE))
+            return max(1, min(self._min_bytes_per_write, int(store) // sizes.STORE_SHARE_PER_WRITE))
         return self._min_bytes_per_write
 
     @property
@@ -478,7 +474,7 @@ class _PartFile:
         # compression=None: pyarrow would otherwise gzip a ".gz" name a second time.
         stream = self._fs.open_output_stream(self._path, compression=None)
         self._writer = RecordWriter(stream, config.compression, config.compression_level)
-        self._index = IndexBuilder(DEFAULT_SPACING_BYTES) if config.write_index else None
+        self._index = IndexBuilder(sizes.INDEX_SPACING_BYTES) if config.write_index else None
 
     @property
     def bytes(self) -> int:
@@ -588,7 +584,7 @@ def _provided_name(provider: FilenameProvider, write_uuid: str, task_idx: int) -
         name = provider.get_filename_for_block(None, write_uuid, task_idx, 0)
     else:
         name = provider.get_filename_for_task(write_uuid, task_idx)
-    if not isinstance(name, str) or not name or "/" in name or name.startswith((".", "_")):
+    if not isinstance(name, str) or not name or "/" in name or is_hidden_name(name):
         raise TFRecordError(f"filename_provider named write task {task_idx}'s file {name!r}: a name must be a "
                             "non-empty string without '/' that does not start with '.' or '_' (readers skip those)")
     return name

@@ -1,4 +1,4 @@
-"""Type stub of the native codec (ray_tfrecord/native/module.c). Enum values: see _contract.py."""
+"""Type stub of the native codec (ray_tfrecord/core/native/module.c). Enum values: see _contract.py."""
 
 from collections.abc import Buffer as BufferLike, Sequence
 from typing import Any, Final

@@ -1,0 +1,136 @@
+"""The package's layers, checked from its source: each layer imports only the layers below it, no
+module reaches into another module's private names, and no module grows past 500 lines.
+
+Layers, lowest first: ``ray_tfrecord.core`` (numpy and pyarrow only), ``ray_tfrecord.io`` (adds
+Ray Data), ``ray_tfrecord.tf`` (adds TensorFlow and Ray Train), then the front ends
+(``ray_tfrecord/__init__.py``, ``ray_tfrecord.cli``).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import textwrap
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ray_tfrecord"
+LAYERS = {"core": 0, "io": 1, "tf": 2}
+FRONT = 3
+# Third-party packages a layer may not import (nor may any layer below it).
+FORBIDDEN = {0: ("ray", "tensorflow", "tf_keras", "keras"), 1: ("tensorflow", "tf_keras", "keras")}
+MAX_LINES = 500
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], FRONT) if len(parts) > 1 else FRONT
+
+
+def _package_of(module: str, is_package: bool) -> str:
+    return module if is_package else module.rpartition(".")[0]
+
+
+def _resolve(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """What ``source`` (the text of ``module``) breaks of the layer rules."""
+    package = _package_of(module, is_package)
+    layer = _layer(module)
+    found = []
+    imported_modules: dict[str, str] = {}  # local name -> module, for attribute checks below
+
+    def check_target(target: str, lineno: int) -> None:
+        if target.split(".")[0] == "ray_tfrecord":
+            if _layer(target) > layer and layer != FRONT:
+                found.append(f"{module}:{lineno} imports {target} from a higher layer")
+            private = [p for p in target.split(".")[1:] if _is_private(p)]
+            # A private module may be imported by its own package's modules only.
+            if private and target.rpartition(".")[0] != package:
+                found.append(f"{module}:{lineno} imports the private module {target}")
+        else:
+            top = target.split(".")[0]
+            if any(layer <= lower and top in names for lower, names in FORBIDDEN.items()):
+                found.append(f"{module}:{lineno} imports {top}, which its layer may not")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check_target(alias.name, node.lineno)
+                if alias.asname:
+                    imported_modules[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(node, package)
+            check_target(target, node.lineno)
+            if target.split(".")[0] != "ray_tfrecord":
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if _is_private(alias.name):
+                    # `from . import _native` inside its own package is a module, and allowed.
+                    if target != package:
+                        found.append(f"{module}:{node.lineno} imports the private name {full}")
+                else:
+                    imported_modules[alias.asname or alias.name] = full
+        elif (isinstance(node, ast.Attribute) and _is_private(node.attr) and isinstance(node.value, ast.Name)
+              and node.value.id in imported_modules):
+            found.append(f"{module}:{node.lineno} uses the private name {imported_modules[node.value.id]}.{node.attr}")
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_package_has_its_three_layers():
+    assert {p.parent.name for p in SOURCES if p.parent != PACKAGE} == set(LAYERS)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_keeps_to_its_layer(path):
+    assert violations(path.read_text(), _module_name(path), path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_is_at_most_500_lines(path):
+    assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+@pytest.mark.parametrize("source, module, expected", [
+    ("from ray_tfrecord.tf.feed import tf_dataset", "ray_tfrecord.io.datasource", "from a higher layer"),
+    ("from ..tf import feed", "ray_tfrecord.io.datasink", "from a higher layer"),
+    ("import tensorflow as tf", "ray_tfrecord.core.codec", "imports tensorflow"),
+    ("import ray", "ray_tfrecord.core.codec", "imports ray"),
+    ("from .codec import _leaf", "ray_tfrecord.core.schema", "private name ray_tfrecord.core.codec._leaf"),
+    ("from ray_tfrecord.core import _native", "ray_tfrecord.tf.feed", "private name ray_tfrecord.core._native"),
+    ("from ray_tfrecord.io._compat import x", "ray_tfrecord.cli", "private module ray_tfrecord.io._compat"),
+    ("from ray_tfrecord.core import codec\ncodec._leaf(1)", "ray_tfrecord.tf.feed", "private name ray_tfrecord.core.codec._leaf"),
+])
+def test_the_checker_catches_each_kind_of_breach(source, module, expected):
+    (found,) = violations(textwrap.dedent(source), module)
+    assert expected in found
+
+
+@pytest.mark.parametrize("source, module", [
+    ("from . import _native\nfrom ._contract import Kind", "ray_tfrecord.core.codec"),
+    ("from ray_tfrecord.core.codec import decode", "ray_tfrecord.tf.feed"),
+    ("from . import _compat\n_compat.from_task(1)", "ray_tfrecord.io.datasource"),
+    ("import tensorflow as tf", "ray_tfrecord.tf.feed"),
+    ("from .tf.feed import tf_dataset", "ray_tfrecord"),
+])
+def test_the_checker_allows_what_the_layers_allow(source, module):
+    assert violations(textwrap.dedent(source), module, module == "ray_tfrecord") == []
