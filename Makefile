@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NATIVE := $(wildcard ray_tfrecord/core/native/*.[ch])
 
-.PHONY: demo test bench clean test-lowest clean-lowest
+.PHONY: demo test lint bench clean test-lowest clean-lowest
 
 $(BIN)/python:
 	@test -n "$(PY)" || { echo "make: no python >= 3.11 found; install one or name it: make PY=/path/to/python3.12" >&2; exit 1; }
@@ -21,6 +21,11 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
+
+# ruff and mypy over the package (configured in pyproject.toml): zero findings, or CI fails.
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check ray_tfrecord
+	$(BIN)/mypy
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench

@@ -20,19 +20,18 @@ import json
 import logging
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pyarrow.fs as pafs
-
 import ray
 
-from ray_tfrecord.io import _compat
 from ray_tfrecord.core import options, sizes
-from ray_tfrecord.io.datasink import write_tfrecords
-from ray_tfrecord.io.datasource import TFRecordDatasource
 from ray_tfrecord.core.errors import CorruptRecordError, TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.core.index import build_index, write_index
+from ray_tfrecord.io import _compat
+from ray_tfrecord.io.datasink import write_tfrecords
+from ray_tfrecord.io.datasource import TFRecordDatasource
 from ray_tfrecord.io.listing import DataFile, list_files
 
 _READERS = {
@@ -42,7 +41,7 @@ _READERS = {
 }
 
 
-def _ensure_ray(num_cpus: Optional[int]) -> None:
+def _ensure_ray(num_cpus: int | None) -> None:
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
@@ -56,7 +55,7 @@ def _console_without_errors() -> None:
             handler.addFilter(lambda record: record.levelno < logging.ERROR)
 
 
-def _rows(files: List[DataFile]) -> List[Dict[str, Any]]:
+def _rows(files: list[DataFile]) -> list[dict[str, Any]]:
     """One Ray Data row per file, for the per-file jobs."""
     return [{"path": f.path, "size": f.size} for f in files]
 
@@ -115,7 +114,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _verify_file(row: Dict[str, Any], filesystem: pafs.FileSystem) -> Dict[str, Any]:
+def _verify_file(row: dict[str, Any], filesystem: pafs.FileSystem) -> dict[str, Any]:
     report = CorruptionReport(max_samples=100)
     records = 0
     stream, found = open_stream(row["path"], filesystem, "auto")
@@ -141,7 +140,7 @@ def _cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
-def _index_file(row: Dict[str, Any], filesystem: pafs.FileSystem, spacing: int) -> Dict[str, Any]:
+def _index_file(row: dict[str, Any], filesystem: pafs.FileSystem, spacing: int) -> dict[str, Any]:
     try:
         index = build_index(filesystem, row["path"], spacing_bytes=spacing)
     except TFRecordError as e:
@@ -283,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ray-tfrecord`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)

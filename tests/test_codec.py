@@ -189,6 +189,7 @@ def test_tf_written_files_read_as_parse_example_sees_them(tmp_path, compression,
         for p in payloads:
             w.write(p)
     import pyarrow.fs as pafs
+
     from ray_tfrecord.core.framing import open_stream
     stream, found = open_stream(path, pafs.LocalFileSystem())
     assert found == (compression.lower() if compression else None)

@@ -9,9 +9,18 @@ import numpy as np
 import pytest
 
 from ray_tfrecord.core import _native
-from ray_tfrecord.core._contract import (DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status,
-                                    is_malformed)
+from ray_tfrecord.core._contract import (
+    DecodeSpec,
+    EncodeColumn,
+    Kind,
+    RecordTypeCode,
+    Section,
+    Shape,
+    Status,
+    is_malformed,
+)
 from ray_tfrecord.core.framing import frame_records, iter_chunks
+
 from .wire import entry, example, ints, ld
 
 

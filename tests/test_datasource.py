@@ -16,10 +16,10 @@ from ray.data import FileShuffleConfig
 from ray.data.context import DataContext
 from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 
-from ray_tfrecord.core import sizes
 from ray_tfrecord import read_tfrecords
-from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord.core import sizes
 from ray_tfrecord.core.index import build_index, index_path, write_index
+from ray_tfrecord.io.datasource import TFRecordDatasource
 from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,8 +18,15 @@ from hypothesis import strategies as st
 from ray_tfrecord.core import _native
 from ray_tfrecord.core._contract import Status
 from ray_tfrecord.core.errors import CorruptRecordError
-from ray_tfrecord.core.framing import (CorruptionReport, RecordWriter, detect_compression, frame_records, iter_chunks,
-                                  masked_crc32c, open_stream)
+from ray_tfrecord.core.framing import (
+    CorruptionReport,
+    RecordWriter,
+    detect_compression,
+    frame_records,
+    iter_chunks,
+    masked_crc32c,
+    open_stream,
+)
 
 RECORDS = st.lists(st.binary(max_size=300), max_size=30)
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

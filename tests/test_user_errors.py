@@ -20,9 +20,9 @@ from ray.exceptions import RayTaskError
 
 import ray_tfrecord
 from ray_tfrecord.cli import _parser, main
-from ray_tfrecord.io.datasource import TFRecordDatasource
 from ray_tfrecord.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
 from ray_tfrecord.core.framing import frame_records
+from ray_tfrecord.io.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,13 +22,12 @@ import json
 import os
 import tempfile
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 from sklearn.datasets import load_breast_cancer
-
-import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 
 _quiet_tf.install()
 

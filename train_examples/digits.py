@@ -33,13 +33,12 @@ import os
 import tempfile
 import time
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 import numpy as np
 import pyarrow as pa
 import ray
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-
-import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 
 _quiet_tf.install()
 

@@ -19,11 +19,10 @@ import argparse
 import os
 import tempfile
 
+import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 import numpy as np
 import pyarrow as pa
 import ray
-
-import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
 
 _quiet_tf.install()
 

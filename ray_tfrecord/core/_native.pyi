@@ -1,6 +1,7 @@
 """Type stub of the native codec (ray_tfrecord/core/native/module.c). Enum values: see _contract.py."""
 
-from collections.abc import Buffer as BufferLike, Sequence
+from collections.abc import Buffer as BufferLike
+from collections.abc import Sequence
 from typing import Any, Final
 
 HARDWARE_CRC: Final[bool]

@@ -34,7 +34,8 @@ Example::
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +46,7 @@ from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, 
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import HEADER_BYTES, RecordChunk
 from .options import RecordType
-from .types import (KIND_NAMES, NATIVE_LEAF, column_spec, leaf_kind, leaf_type, record_type_code,
-                    single_chunk)
+from .types import KIND_NAMES, NATIVE_LEAF, column_spec, leaf_kind, leaf_type, record_type_code, single_chunk
 
 #: The schema of ``record_type="ByteArray"``: each record's raw payload.
 BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])

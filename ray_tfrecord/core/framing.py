@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable, Iterator, Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class CorruptionReport:
             self.samples.append((path, offset, reason))
         _log.warning("skipping corrupt TFRecord data in %s at offset %d: %s", path, offset, reason)
 
-    def merge(self, other: "CorruptionReport") -> None:
+    def merge(self, other: CorruptionReport) -> None:
         self.count += other.count
         self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
 
@@ -364,7 +365,7 @@ class RecordWriter:
             self._z = None
         self._stream.close()
 
-    def __enter__(self) -> "RecordWriter":
+    def __enter__(self) -> RecordWriter:
         return self
 
     def __exit__(self, *exc) -> None:

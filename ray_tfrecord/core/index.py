@@ -52,7 +52,6 @@ import struct
 import urllib.parse
 import zlib
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -75,7 +74,7 @@ class IndexFormatError(ValueError):
     """An index sidecar is unreadable: wrong magic, unknown version, or damaged."""
 
 
-def _hive_roots(data_path: str) -> List[str]:
+def _hive_roots(data_path: str) -> list[str]:
     """The directories that may be ``data_path``'s dataset root, nearest first: its own
     directory, then each parent reached through a Hive ``key=value`` directory."""
     roots = [posixpath.dirname(data_path)]
@@ -91,7 +90,7 @@ def dataset_root(data_path: str) -> str:
     return _hive_roots(data_path)[-1]
 
 
-def index_path(data_path: str, root: Optional[str] = None) -> str:
+def index_path(data_path: str, root: str | None = None) -> str:
     """Return where the sidecar of ``data_path`` is written: ``<root>/_index.<relative path>``.
 
     ``root`` is the dataset directory holding ``data_path`` at any depth; by default the
@@ -106,7 +105,7 @@ def index_path(data_path: str, root: Optional[str] = None) -> str:
     return posixpath.join(root, INDEX_PREFIX + name)
 
 
-def index_candidates(data_path: str) -> List[str]:
+def index_candidates(data_path: str) -> list[str]:
     """Where a reader looks for the sidecar of ``data_path``, in order: the dataset roots the
     path allows (:func:`index_path`), then the former ``<dir>/.<name>.idx``."""
     directory, name = posixpath.split(data_path)
@@ -150,7 +149,7 @@ class RecordIndex:
             and self.tail_crc == _crc(tail)
         )
 
-    def split(self, target_bytes: int) -> List[Tuple[int, int, int]]:
+    def split(self, target_bytes: int) -> list[tuple[int, int, int]]:
         """Cut the file into ranges of about ``target_bytes`` that start on record
         boundaries.
 
@@ -196,7 +195,7 @@ class RecordIndex:
         return body + _TRAILER.pack(_crc(body))
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, path: str) -> "RecordIndex":
+    def from_bytes(cls, data: bytes, *, path: str) -> RecordIndex:
         """Parse a sidecar; raises :class:`IndexFormatError` naming ``path``."""
         if len(data) < _HEADER.size + _TRAILER.size:
             raise IndexFormatError(f"{path}: index sidecar truncated ({len(data)} bytes)")
@@ -240,8 +239,8 @@ class IndexBuilder:
         self._spacing = spacing_bytes
         self._num_records = 0
         self._next_checkpoint = 0
-        self._ordinals: List[int] = []
-        self._offsets: List[int] = []
+        self._ordinals: list[int] = []
+        self._offsets: list[int] = []
         self._head = bytearray()
         self._tail = b""
 
@@ -267,7 +266,7 @@ class IndexBuilder:
         self._tail = (self._tail + bytes(view[-FINGERPRINT_BYTES:]))[-FINGERPRINT_BYTES:]
 
     def finish(
-        self, data_size: int, head: Optional[bytes] = None, tail: Optional[bytes] = None
+        self, data_size: int, head: bytes | None = None, tail: bytes | None = None
     ) -> RecordIndex:
         """Return the index of a ``data_size``-byte file. ``head``/``tail`` default to
         what :meth:`observe_bytes` saw."""
@@ -284,7 +283,7 @@ class IndexBuilder:
 
 def read_fingerprint(
     filesystem: pafs.FileSystem, path: str, size: int
-) -> Tuple[bytes, bytes]:
+) -> tuple[bytes, bytes]:
     """Read the head and tail bytes of ``path`` that an index fingerprints."""
     with filesystem.open_input_file(path) as f:
         head = f.read_at(min(size, FINGERPRINT_BYTES), 0)
@@ -295,7 +294,7 @@ def read_fingerprint(
 
 def load_index(
     filesystem: pafs.FileSystem, data_path: str, size: int, head: bytes, tail: bytes
-) -> Optional[RecordIndex]:
+) -> RecordIndex | None:
     """Return the sidecar index of ``data_path`` (the first of :func:`index_candidates` that
     exists) if it still matches the file; ``None`` (with a log line saying why) otherwise."""
     for sidecar in index_candidates(data_path):
@@ -324,7 +323,7 @@ def load_index(
 
 
 def write_index(
-    filesystem: pafs.FileSystem, data_path: str, index: RecordIndex, root: Optional[str] = None
+    filesystem: pafs.FileSystem, data_path: str, index: RecordIndex, root: str | None = None
 ) -> str:
     """Write ``index`` as the sidecar of ``data_path`` (at :func:`index_path`, which says
     what ``root`` is); returns the sidecar path."""
@@ -339,7 +338,7 @@ def build_index(
     data_path: str,
     *,
     spacing_bytes: int = sizes.INDEX_SPACING_BYTES,
-) -> Optional[RecordIndex]:
+) -> RecordIndex | None:
     """Scan ``data_path`` (verifying every CRC) and return its index, or ``None`` if
     the file is compressed (compressed files are never split, so never indexed).
 

@@ -32,8 +32,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import pyarrow as pa
 

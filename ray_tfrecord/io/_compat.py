@@ -9,14 +9,7 @@ these names import it from here too.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
-
 import pyarrow.fs as pafs
-
-from ray.data.context import DataContext
-from ray.exceptions import RayTaskError, UserCodeException
-
-from ray_tfrecord.core.errors import TFRecordError
 
 # Ray counts a column-less Arrow table as empty; a column of this name carries the row
 # count of a batch whose columns were all projected away, and Ray drops it again. No
@@ -34,6 +27,7 @@ from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
 # The filesystem wrapper that retries ``DataContext.retried_io_errors``, the retry
 # behaviour every built-in Ray reader and writer has; Ray offers no public way to get it.
 from ray.data._internal.util import RetryingPyFileSystem, _is_local_scheme
+from ray.data.context import DataContext
 
 # pyarrow's S3FileSystem needs ``pyarrow.fs`` imported before it is unpickled in a
 # worker; Ray's file-based readers wrap it for shipping in read tasks. Not public.
@@ -46,6 +40,9 @@ from ray.data.datasource.file_based_datasource import (
 # including schemes like ``local://`` and ``s3://`` with default credentials; and its
 # extension test (case-insensitive, leading dot optional). Neither is public.
 from ray.data.datasource.path_util import _has_file_extension, _resolve_paths_and_filesystem
+from ray.exceptions import RayTaskError, UserCodeException
+
+from ray_tfrecord.core.errors import TFRecordError
 
 __all__ = [
     "ROW_COUNT_STUB_COLUMN",
@@ -69,7 +66,7 @@ has_file_extension = _has_file_extension
 is_local_scheme = _is_local_scheme  # local:// paths: Ray runs their tasks on the driver's node
 
 
-def write_uuid(ctx: TaskContext) -> Optional[str]:
+def write_uuid(ctx: TaskContext) -> str | None:
     """The id Ray gives one write (the same in all its tasks), for a ``FilenameProvider``; ``None``
     when ``Datasink.write`` is called outside Ray's write operator."""
     return ctx.kwargs.get(WRITE_UUID_KWARG_NAME)
@@ -107,7 +104,7 @@ def execution_index(context: DataContext | None) -> int:
 # way to mark an exception as the user's data problem, so each error class gets a twin that
 # is also a ``UserCodeException``, under the same name so that Ray shows
 # ``RayTaskError(CorruptRecordError)``.
-def _twin(cls: Type[TFRecordError]) -> Type[TFRecordError]:
+def _twin(cls: type[TFRecordError]) -> type[TFRecordError]:
     return type(cls.__name__, (cls, UserCodeException), {
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
@@ -119,11 +116,11 @@ def _subclasses(cls: type) -> list:
     return [cls] + [s for sub in cls.__subclasses__() for s in _subclasses(sub)]
 
 
-_TWINS: Dict[type, type] = {cls: _twin(cls) for cls in _subclasses(TFRecordError)}
-_BASES: Dict[type, type] = {twin: cls for cls, twin in _TWINS.items()}
+_TWINS: dict[type, type] = {cls: _twin(cls) for cls in _subclasses(TFRecordError)}
+_BASES: dict[type, type] = {twin: cls for cls, twin in _TWINS.items()}
 
 
-def _rebuild(cls: Type[TFRecordError], state: dict, *, twin: bool = True) -> TFRecordError:
+def _rebuild(cls: type[TFRecordError], state: dict, *, twin: bool = True) -> TFRecordError:
     error = Exception.__new__(_TWINS[cls] if twin else cls)
     error.__dict__.update(state)
     error.args = (state["message"],)
@@ -139,7 +136,7 @@ def from_task(error: TFRecordError) -> TFRecordError:
     return _rebuild(base, error.__dict__) if base in _TWINS else error
 
 
-def task_cause(error: BaseException) -> Optional[TFRecordError]:
+def task_cause(error: BaseException) -> TFRecordError | None:
     """The ``TFRecordError`` a Ray task raised, without Ray's traceback around it, for entry
     points that report errors themselves (``write_tfrecords``, the CLI); ``None`` when
     ``error`` is not a task's ``TFRecordError``."""

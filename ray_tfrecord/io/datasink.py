@@ -36,28 +36,28 @@ import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-
 import ray
 from ray.data import Dataset, SaveMode
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
-from ray_tfrecord.io import _compat
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import RecordType, check_encodable, encode
 from ray_tfrecord.core.errors import SchemaError, TFRecordError
 from ray_tfrecord.core.framing import RecordWriter
 from ray_tfrecord.core.index import IndexBuilder, index_path, write_index
-from ray_tfrecord.io.partitioning import split_by_partitions
 from ray_tfrecord.core.layout import SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER, is_hidden_name
 from ray_tfrecord.core.schema import merge_recorded, read_stored_schema, stored_schema
+from ray_tfrecord.io import _compat
+from ray_tfrecord.io.partitioning import split_by_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TFRecordWriteResult:
     (empty when ``mode="ignore"`` skipped the write)."""
 
     num_rows: int
-    files: List[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     bytes_written: int = 0
     skipped: bool = False
 
@@ -96,11 +96,11 @@ class _WriteConfig:
     filesystem: pafs.FileSystem
     staging: str
     record_type: RecordType
-    compression: Optional[options.Compression]
-    compression_level: Optional[int]
-    filename_provider: Optional[FilenameProvider]
-    max_rows_per_file: Optional[int]
-    target_file_size: Optional[int]
+    compression: options.Compression | None
+    compression_level: int | None
+    filename_provider: FilenameProvider | None
+    max_rows_per_file: int | None
+    target_file_size: int | None
     write_index: bool
     allow_float64_narrowing: bool
     allow_decimal_narrowing: bool
@@ -111,7 +111,7 @@ class _WriteConfig:
         return _EXTENSIONS[self.compression]
 
 
-class TFRecordDatasink(Datasink[Dict[str, Any]]):
+class TFRecordDatasink(Datasink[dict[str, Any]]):
     """Writes a dataset as TFRecord files, Hive-partitioned if asked.
 
     Use with ``ds.write_datasink(TFRecordDatasink(path, ...))`` or
@@ -167,16 +167,16 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self,
         path: str,
         *,
-        filesystem: Optional[pafs.FileSystem] = None,
+        filesystem: pafs.FileSystem | None = None,
         record_type: RecordType = "Example",
-        partition_cols: Optional[List[str]] = None,
-        mode: Union[options.Mode, SaveMode] = "error",
-        compression: Optional[options.Compression] = None,
-        compression_level: Optional[int] = None,
-        min_rows_per_file: Optional[int] = None,
-        filename_provider: Optional[FilenameProvider] = None,
-        max_rows_per_file: Optional[int] = None,
-        target_file_size: Optional[int] = None,
+        partition_cols: list[str] | None = None,
+        mode: options.Mode | SaveMode = "error",
+        compression: options.Compression | None = None,
+        compression_level: int | None = None,
+        min_rows_per_file: int | None = None,
+        filename_provider: FilenameProvider | None = None,
+        max_rows_per_file: int | None = None,
+        target_file_size: int | None = None,
         write_index: bool = True,
         allow_float64_narrowing: bool = False,
         allow_decimal_narrowing: bool = False,
@@ -222,12 +222,12 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         self._skip = False
         self._created_root = False
         # The schema recorded by the dataset this write appends to: appended rows must agree.
-        self._recorded: Optional[pa.Schema] = None
-        self.result: Optional[TFRecordWriteResult] = None
+        self._recorded: pa.Schema | None = None
+        self.result: TFRecordWriteResult | None = None
 
     # -- driver side ------------------------------------------------------------------
 
-    def on_write_start(self, schema: Optional[pa.Schema] = None) -> None:
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
         if self._started:
             return
         self._started = True
@@ -280,7 +280,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
         if self._recorded is not None:
             merge_recorded(self._recorded, self._data_schema(schema), path=self._path)
 
-    def on_write_complete(self, write_result: WriteResult[Dict[str, Any]]) -> None:
+    def on_write_complete(self, write_result: WriteResult[dict[str, Any]]) -> None:
         # An empty dataset never calls on_write_start; the mode still applies.
         self.on_write_start(None)
         if self._skip:
@@ -318,7 +318,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
             bytes_written=sum(f.size for f in staged),
         )
 
-    def _refuse_name_clashes(self, staged: List[_StagedFile]) -> None:
+    def _refuse_name_clashes(self, staged: list[_StagedFile]) -> None:
         """A filename_provider's names are the caller's: two tasks may get the same one (both wrote the
         same staged path, so one file's rows are lost) or, appending, one already in the dataset.
         Either fails the write before any file moves, rather than replacing data."""
@@ -339,7 +339,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                                         "one; put write_uuid in the name, or write with mode='overwrite'. Nothing "
                                         "was written", path=dst)
 
-    def _refuse_null_everywhere(self, write_result: WriteResult[Dict[str, Any]]) -> None:
+    def _refuse_null_everywhere(self, write_result: WriteResult[dict[str, Any]]) -> None:
         """Tasks write a null-typed block column as missing features, since another block may give it
         a type; a column null-typed in every block (and not recorded before) has none, so the
         write fails before any file moves, as it does on the driver when the schema is known."""
@@ -350,7 +350,7 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                 if f.name not in typed:
                     check_encodable(pa.schema([f]), self._config.record_type)
 
-    def _record_schema(self, write_result: WriteResult[Dict[str, Any]], appended_to_data: bool) -> None:
+    def _record_schema(self, write_result: WriteResult[dict[str, Any]], appended_to_data: bool) -> None:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
         It records the schema every task wrote, merged into the one recorded before for an append
@@ -390,11 +390,11 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
                 os.rmdir(posixpath.dirname(self._staging))
 
     @property
-    def min_rows_per_write(self) -> Optional[int]:
+    def min_rows_per_write(self) -> int | None:
         return self._min_rows_per_file
 
     @property
-    def min_bytes_per_write(self) -> Optional[int]:
+    def min_bytes_per_write(self) -> int | None:
         # Ray otherwise runs one write task, hence one file, per input block:
         # hundreds of tiny files (and tasks) for a dataset that Ray split finely.
         # A write task's input gathers in the object store until it reaches this size,
@@ -414,14 +414,14 @@ class TFRecordDatasink(Datasink[Dict[str, Any]]):
 
     # -- write tasks ---------------------------------------------------------------------
 
-    def write(self, blocks: Iterable[Block], ctx: _compat.TaskContext) -> Dict[str, Any]:
+    def write(self, blocks: Iterable[Block], ctx: _compat.TaskContext) -> dict[str, Any]:
         """Write this task's blocks into the staging directory; returns the staged
         files (:class:`_StagedFile`) and the record schemas written."""
         if self._skip:
             return {"files": [], "schemas": []}
         files = _TaskFiles(self._config, ctx.task_idx, _compat.write_uuid(ctx) or posixpath.basename(self._staging))
         checked = None
-        schemas: List[pa.Schema] = []
+        schemas: list[pa.Schema] = []
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
@@ -503,10 +503,10 @@ class _TaskFiles:
         self._config = config
         self._task_idx = task_idx
         self._write_uuid = write_uuid
-        self._open: Dict[str, _PartFile] = {}
-        self._done: List[_StagedFile] = []
-        self._opened_in: Dict[str, int] = {}  # files this task opened per directory
-        self._provided_name: Optional[str] = None
+        self._open: dict[str, _PartFile] = {}
+        self._done: list[_StagedFile] = []
+        self._opened_in: dict[str, int] = {}  # files this task opened per directory
+        self._provided_name: str | None = None
 
     def _file(self, part_dir: str) -> _PartFile:
         f = self._open.pop(part_dir, None)
@@ -564,7 +564,7 @@ class _TaskFiles:
             if full:
                 self._done.append(self._open.pop(part_dir).close())
 
-    def close_all(self) -> List[_StagedFile]:
+    def close_all(self) -> list[_StagedFile]:
         while self._open:
             self._done.append(self._open.pop(next(iter(self._open))).close())
         return self._done
@@ -611,12 +611,12 @@ def _dataset_exists(fs: pafs.FileSystem, path: str) -> bool:
     return any(posixpath.basename(e.path) != STAGING_DIR for e in entries)
 
 
-def _written_schemas(write_result: WriteResult[Dict[str, Any]]) -> List[pa.Schema]:
+def _written_schemas(write_result: WriteResult[dict[str, Any]]) -> list[pa.Schema]:
     """The record schemas every write task reported, in task order."""
     return [s for ret in write_result.write_returns for s in (ret or {}).get("schemas", [])]
 
 
-def _list_old_files(fs: pafs.FileSystem, path: str) -> List[str]:
+def _list_old_files(fs: pafs.FileSystem, path: str) -> list[str]:
     """Every file of the existing dataset, excluding other writers' staging."""
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
@@ -645,21 +645,21 @@ def write_tfrecords(
     ds: Dataset,
     path: str,
     *,
-    filesystem: Optional[pafs.FileSystem] = None,
+    filesystem: pafs.FileSystem | None = None,
     record_type: RecordType = "Example",
-    partition_cols: Optional[List[str]] = None,
-    mode: Union[options.Mode, SaveMode] = "error",
-    compression: Optional[options.Compression] = None,
-    compression_level: Optional[int] = None,
-    min_rows_per_file: Optional[int] = None,
-    filename_provider: Optional[FilenameProvider] = None,
-    max_rows_per_file: Optional[int] = None,
-    target_file_size: Optional[int] = None,
+    partition_cols: list[str] | None = None,
+    mode: options.Mode | SaveMode = "error",
+    compression: options.Compression | None = None,
+    compression_level: int | None = None,
+    min_rows_per_file: int | None = None,
+    filename_provider: FilenameProvider | None = None,
+    max_rows_per_file: int | None = None,
+    target_file_size: int | None = None,
     write_index: bool = True,
     allow_float64_narrowing: bool = False,
     allow_decimal_narrowing: bool = False,
-    concurrency: Optional[int] = None,
-    ray_remote_args: Optional[Dict[str, Any]] = None,
+    concurrency: int | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
 ) -> TFRecordWriteResult:
     """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
     for the arguments and the commit protocol. Returns what was written.

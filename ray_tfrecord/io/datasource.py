@@ -26,23 +26,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterator, List, Literal, Optional, Tuple, Union
+from typing import Any, Literal, Optional
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-
 import ray
 from ray.data import Dataset
 from ray.data.block import BlockMetadata
 from ray.data.context import DataContext
 from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, ReadTask
 
-from ray_tfrecord.io import _compat
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
+from ray_tfrecord.core.schema import infer_schema, read_stored_schema
+from ray_tfrecord.io import _compat
 from ray_tfrecord.io.listing import Listing, list_files
 from ray_tfrecord.io.planning import (
     FileRange,
@@ -54,7 +55,6 @@ from ray_tfrecord.io.planning import (
     shuffle_files,
     split_bytes,
 )
-from ray_tfrecord.core.schema import infer_schema, read_stored_schema
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class _ReadConfig:
     filesystem: Any
     record_type: RecordType
     schema: pa.Schema  # the output columns, in order
-    attached: FrozenSet[str]  # output columns taken from the range (partitions, path), not decoded
+    attached: frozenset[str]  # output columns taken from the range (partitions, path), not decoded
     compression: Compression
     verify_crc: bool
     on_corrupt: options.OnCorrupt
@@ -91,12 +91,12 @@ class _CorruptionLedger:
     of counting its bad records twice."""
 
     def __init__(self):
-        self._reports: Dict[Tuple[str, int], CorruptionReport] = {}
+        self._reports: dict[tuple[str, int], CorruptionReport] = {}
 
-    def record(self, key: Tuple[str, int], report: CorruptionReport) -> None:
+    def record(self, key: tuple[str, int], report: CorruptionReport) -> None:
         self._reports[key] = report
 
-    def reports(self) -> List[CorruptionReport]:
+    def reports(self) -> list[CorruptionReport]:
         return list(self._reports.values())
 
 
@@ -159,19 +159,19 @@ class TFRecordDatasource(Datasource):
 
     def __init__(
         self,
-        paths: Union[str, List[str]],
+        paths: str | list[str],
         *,
         record_type: RecordType = "Example",
-        schema: Optional[pa.Schema] = None,
-        columns: Optional[List[str]] = None,
+        schema: pa.Schema | None = None,
+        columns: list[str] | None = None,
         compression: Compression = "auto",
         verify_crc: bool = True,
         on_corrupt: options.OnCorrupt = "raise",
-        filesystem: Optional[pafs.FileSystem] = None,
-        partitioning: Optional[Partitioning] = Partitioning("hive"),
-        partition_filter: Optional[PathPartitionFilter] = None,
+        filesystem: pafs.FileSystem | None = None,
+        partitioning: Partitioning | None = Partitioning("hive"),
+        partition_filter: PathPartitionFilter | None = None,
         include_paths: bool = False,
-        file_extensions: Optional[List[str]] = None,
+        file_extensions: list[str] | None = None,
         ignore_missing_paths: bool = False,
         shuffle: Shuffle = None,
         infer_sample_records: int = 10_000,
@@ -210,7 +210,7 @@ class TFRecordDatasource(Datasource):
         self._attached = frozenset(f.name for f in attached)
         self._schema = pa.schema([f for f in record_schema if f.name not in self._attached] + attached)
 
-        self._projection_map: Optional[Dict[str, str]] = None
+        self._projection_map: dict[str, str] | None = None
         if columns is not None:
             unknown = [c for c in columns if c not in self._schema.names]
             if unknown:
@@ -261,7 +261,7 @@ class TFRecordDatasource(Datasource):
     def supports_distributed_reads(self) -> bool:
         return self._supports_distributed
 
-    def estimate_inmemory_data_size(self) -> Optional[int]:
+    def estimate_inmemory_data_size(self) -> int | None:
         if self._projection_map == {}:
             return 0  # nothing is materialised, only row counts
         return int(sum(f.size for f in self._listing.files))
@@ -269,9 +269,9 @@ class TFRecordDatasource(Datasource):
     def get_read_tasks(
         self,
         parallelism: int,
-        per_task_row_limit: Optional[int] = None,
-        data_context: Optional[DataContext] = None,
-    ) -> List[ReadTask]:
+        per_task_row_limit: int | None = None,
+        data_context: DataContext | None = None,
+    ) -> list[ReadTask]:
         files = shuffle_files(self._listing.files, self._shuffle, _compat.execution_index(data_context))
         target = split_bytes(sum(f.size for f in files), parallelism, sizes.MIN_SPLIT_BYTES)
         ranges = plan_ranges(self._listing.filesystem, files, self._compression, target, self._PLANNING_THREADS)
@@ -326,7 +326,7 @@ class TFRecordDatasource(Datasource):
 def _record_schema(
     listing: Listing,
     record_type: RecordType,
-    schema: Optional[pa.Schema],
+    schema: pa.Schema | None,
     sample,
     fixed_size_lists: bool,
 ) -> pa.Schema:
@@ -374,7 +374,7 @@ def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: Reco
 # -- read tasks -----------------------------------------------------------------
 
 
-def _read_fn(ranges: List[FileRange], config: _ReadConfig):
+def _read_fn(ranges: list[FileRange], config: _ReadConfig):
     """The body of one read task (a closure over its ranges only, so that a task
     does not carry the whole file list)."""
 
@@ -436,28 +436,28 @@ def _to_block(chunk, r: FileRange, record_schema: pa.Schema, config: _ReadConfig
 
 
 def read_tfrecords(
-    paths: Union[str, List[str]],
+    paths: str | list[str],
     *,
     record_type: RecordType = "Example",
-    schema: Optional[pa.Schema] = None,
-    columns: Optional[List[str]] = None,
+    schema: pa.Schema | None = None,
+    columns: list[str] | None = None,
     compression: Compression = "auto",
     verify_crc: bool = True,
     on_corrupt: options.OnCorrupt = "raise",
-    filesystem: Optional[pafs.FileSystem] = None,
-    partitioning: Optional[Partitioning] = Partitioning("hive"),
-    partition_filter: Optional[PathPartitionFilter] = None,
+    filesystem: pafs.FileSystem | None = None,
+    partitioning: Partitioning | None = Partitioning("hive"),
+    partition_filter: PathPartitionFilter | None = None,
     include_paths: bool = False,
-    file_extensions: Optional[List[str]] = None,
+    file_extensions: list[str] | None = None,
     ignore_missing_paths: bool = False,
     shuffle: Shuffle = None,
     infer_sample_records: int = 10_000,
     fixed_size_lists: bool = False,
-    override_num_blocks: Optional[int] = None,
-    concurrency: Optional[int] = None,
-    num_cpus: Optional[float] = None,
-    memory: Optional[float] = None,
-    ray_remote_args: Optional[Dict[str, Any]] = None,
+    override_num_blocks: int | None = None,
+    concurrency: int | None = None,
+    num_cpus: float | None = None,
+    memory: float | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
 ) -> Dataset:
     """Read TFRecord files into a :class:`ray.data.Dataset`.
 

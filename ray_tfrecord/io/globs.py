@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Tuple, Union
+from typing import Union
 
 from ray_tfrecord.core.errors import TFRecordError
 
@@ -44,7 +44,7 @@ Component = Union[str, "re.Pattern[str]"]
 
 # The parsed pattern: a sequence of items, each a literal character, "/" or a wildcard.
 # ("sep",), ("star",), ("any",), ("lit", character), ("set", regex) or ("alt", branches).
-_Item = Tuple
+_Item = tuple
 _SEP, _STAR, _ANY = ("sep",), ("star",), ("any",)
 
 
@@ -58,7 +58,7 @@ class Glob:
     base: str
     # One component list per alternative left after expanding the ``{}`` that hold "/"; a
     # leading "" component marks an absolute path.
-    branches: Tuple[Tuple[Component, ...], ...]
+    branches: tuple[tuple[Component, ...], ...]
 
 
 def is_glob(path: str) -> bool:
@@ -79,9 +79,9 @@ def _error(pattern: str, reason: str, fix: str) -> TFRecordError:
     return TFRecordError(f"no such path, and not a valid glob: {reason}; {fix}", path=pattern)
 
 
-def _parse(p: str, i: int, *, nested: bool) -> Tuple[List[_Item], int]:
+def _parse(p: str, i: int, *, nested: bool) -> tuple[list[_Item], int]:
     """Items from ``p[i:]`` up to the end, or inside ``{}`` up to the next "," or "}" of this level."""
-    items: List[_Item] = []
+    items: list[_Item] = []
     while i < len(p):
         c = p[i]
         if c == "\\":
@@ -114,14 +114,14 @@ def _parse(p: str, i: int, *, nested: bool) -> Tuple[List[_Item], int]:
     return items, i
 
 
-def _parse_set(p: str, start: int) -> Tuple[str, int]:
+def _parse_set(p: str, start: int) -> tuple[str, int]:
     """The regex of the ``[...]`` at ``p[start]``, and the index after it."""
     i = start + 1
     negate = i < len(p) and p[i] in "^!"
     i += negate
-    parts: List[str] = []
+    parts: list[str] = []
 
-    def char(i: int) -> Tuple[str, int]:
+    def char(i: int) -> tuple[str, int]:
         if i == len(p) or p[i] == "/":
             where = " before the next '/'" if i < len(p) else ""
             raise _error(p, f"the '[' at character {start + 1} is not closed{where}",
@@ -149,10 +149,10 @@ def _holds_sep(items) -> bool:
     return any(it == _SEP or (it[0] == "alt" and any(map(_holds_sep, it[1]))) for it in items)
 
 
-def _expand(items) -> List[List[_Item]]:
+def _expand(items) -> list[list[_Item]]:
     """``items`` with every ``{}`` that holds a "/" replaced by each alternative in turn; the
     others stay, matched within one component."""
-    flats: List[List[_Item]] = [[]]
+    flats: list[list[_Item]] = [[]]
     for it in items:
         if it[0] == "alt" and any(map(_holds_sep, it[1])):
             options = [e for branch in it[1] for e in _expand(branch)]
@@ -162,8 +162,8 @@ def _expand(items) -> List[List[_Item]]:
     return flats
 
 
-def _components(items: List[_Item]) -> Tuple[Component, ...]:
-    parts: List[List[_Item]] = [[]]
+def _components(items: list[_Item]) -> tuple[Component, ...]:
+    parts: list[list[_Item]] = [[]]
     for it in items:
         if it == _SEP:
             parts.append([])
@@ -174,7 +174,7 @@ def _components(items: List[_Item]) -> Tuple[Component, ...]:
     return tuple(_component(part) for part in parts)
 
 
-def _component(items: List[_Item]) -> Component:
+def _component(items: list[_Item]) -> Component:
     if all(it[0] == "lit" for it in items):
         return "".join(it[1] for it in items)
     return re.compile(_regex(items), re.DOTALL)
@@ -196,9 +196,9 @@ def _regex(items) -> str:
     return "".join(out)
 
 
-def _base(items: List[_Item]) -> str:
+def _base(items: list[_Item]) -> str:
     """The literal directory before the first component with a wildcard or ``{}``."""
-    literal: List[str] = []
+    literal: list[str] = []
     for it in items:
         if it[0] not in ("sep", "lit"):
             break

@@ -28,17 +28,17 @@ from __future__ import annotations
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from ray.data.datasource import Partitioning, PathPartitionFilter
 
-from ray_tfrecord.io import _compat
 from ray_tfrecord.core.errors import TFRecordError
-from ray_tfrecord.core.layout import is_hidden
-from ray_tfrecord.io.globs import Component, Glob, is_glob, parse_glob
 from ray_tfrecord.core.index import dataset_root, index_candidates, is_index_path
+from ray_tfrecord.core.layout import is_hidden
+from ray_tfrecord.io import _compat
+from ray_tfrecord.io.globs import Component, Glob, is_glob, parse_glob
 from ray_tfrecord.io.partitioning import PartitionValues, parse_partitions
 
 __all__ = ["DataFile", "Listing", "list_files"]
@@ -57,29 +57,29 @@ class DataFile:
     # Whether the listing saw an index sidecar of the file: known for files found by listing
     # the directory that holds their sidecars, None otherwise (a file named directly, or a
     # partition directory read on its own: its sidecars are at the dataset root).
-    has_index: Optional[bool] = None
+    has_index: bool | None = None
 
 
 @dataclass(frozen=True)
 class Listing:
     """The files of a dataset and what they were found with."""
 
-    files: List[DataFile]
+    files: list[DataFile]
     partition_schema: pa.Schema  # the partition columns, typed from every file's values
     filesystem: pafs.FileSystem  # resolved from the paths, retrying transient errors
     # The dataset roots, each once: a file or directory path as given (resolved), a glob's
     # base directory less trailing ``key=value`` directories.
-    roots: List[str]
+    roots: list[str]
 
 
 def list_files(
-    paths: Union[str, List[str]],
+    paths: str | list[str],
     *,
-    filesystem: Optional[pafs.FileSystem] = None,
-    file_extensions: Optional[List[str]] = None,
+    filesystem: pafs.FileSystem | None = None,
+    file_extensions: list[str] | None = None,
     ignore_missing_paths: bool = False,
-    partitioning: Optional[Partitioning] = Partitioning("hive"),
-    partition_filter: Optional[PathPartitionFilter] = None,
+    partitioning: Partitioning | None = Partitioning("hive"),
+    partition_filter: PathPartitionFilter | None = None,
 ) -> Listing:
     """List the visible files under ``paths``: files, directories (read recursively) and
     Hadoop globs (:mod:`ray_tfrecord.io.globs`). A file matched by several paths is listed once.
@@ -117,7 +117,7 @@ def list_files(
     return Listing(files, partition_schema, fs, roots)
 
 
-def _resolve(paths: Union[str, List[str]], filesystem: Optional[pafs.FileSystem]) -> Tuple[List[str], pafs.FileSystem]:
+def _resolve(paths: str | list[str], filesystem: pafs.FileSystem | None) -> tuple[list[str], pafs.FileSystem]:
     """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
     empty URL query) is dropped, which in a glob is a wildcard."""
     raw = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
@@ -130,16 +130,16 @@ def _resolve(paths: Union[str, List[str]], filesystem: Optional[pafs.FileSystem]
 class _Found(NamedTuple):
     path: str
     size: int
-    has_index: Optional[bool]
-    root: Optional[str]  # the directory the partition values are read below; None: the whole path
+    has_index: bool | None
+    root: str | None  # the directory the partition values are read below; None: the whole path
 
 
-def _expand(paths: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> Tuple[List[_Found], List[str]]:
+def _expand(paths: list[str], fs: pafs.FileSystem, ignore_missing: bool) -> tuple[list[_Found], list[str]]:
     """The files each path names, in the order of the paths (sorted within a directory or a
     glob), each once; and the dataset roots."""
     seen = _Seen()
-    found: Dict[str, Tuple[int, bool, Optional[str]]] = {}  # path: (size, listed, partition root)
-    roots: List[str] = []
+    found: dict[str, tuple[int, bool, str | None]] = {}  # path: (size, listed, partition root)
+    roots: list[str] = []
     for path, info in zip(paths, fs.get_file_info(paths)):
         # A path that exists as written is literal, even with glob characters in its name.
         if info.type == pafs.FileType.NotFound and is_glob(path):
@@ -168,7 +168,7 @@ def _expand(paths: List[str], fs: pafs.FileSystem, ignore_missing: bool) -> Tupl
     return files, list(dict.fromkeys(roots))
 
 
-def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: "_Seen") -> List[Tuple[str, int]]:
+def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: _Seen) -> list[tuple[str, int]]:
     """``(path, size)`` of the files ``glob`` matches and of the visible files under the
     directories it matches, sorted."""
     matched = [info for branch in glob.branches for info in _walk(branch, fs, seen)]
@@ -179,13 +179,13 @@ def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: "_Seen") -> List[Tuple[st
     return sorted(files.items())
 
 
-def _walk(components: Tuple[Component, ...], fs: pafs.FileSystem, seen: "_Seen") -> List[pafs.FileInfo]:
+def _walk(components: tuple[Component, ...], fs: pafs.FileSystem, seen: _Seen) -> list[pafs.FileInfo]:
     """What the component patterns match, walking down from their literal prefix: each
     pattern lists the directories the components before it matched, one level each."""
     literal = next((k for k, c in enumerate(components) if not isinstance(c, str)), len(components))
     start = list(components[:literal])
     frontier = ["/" + "/".join(start[1:]) if start[:1] == [""] else "/".join(start)]
-    matched: Optional[List[pafs.FileInfo]] = None
+    matched: list[pafs.FileInfo] | None = None
     for k in range(literal, len(components)):
         component = components[k]
         if isinstance(component, str):
@@ -202,11 +202,11 @@ def _walk(components: Tuple[Component, ...], fs: pafs.FileSystem, seen: "_Seen")
     return matched
 
 
-def _list(fs: pafs.FileSystem, directories: List[str], seen: "_Seen", *, recursive: bool) -> List[List[pafs.FileInfo]]:
+def _list(fs: pafs.FileSystem, directories: list[str], seen: _Seen, *, recursive: bool) -> list[list[pafs.FileInfo]]:
     """The entries of each directory (a missing one has none), listed concurrently: on an
     object store each listing is a round trip."""
 
-    def entries(directory: str) -> List[pafs.FileInfo]:
+    def entries(directory: str) -> list[pafs.FileInfo]:
         where = directory or _current(fs)
         try:
             found = fs.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
@@ -231,15 +231,15 @@ class _Seen:
     file has a sidecar is then known without another request."""
 
     def __init__(self) -> None:
-        self._sidecars: Set[str] = set()
-        self._directories: Set[str] = set()  # listed one level
-        self._trees: Set[str] = set()  # listed recursively
+        self._sidecars: set[str] = set()
+        self._directories: set[str] = set()  # listed one level
+        self._trees: set[str] = set()  # listed recursively
 
-    def record(self, directory: str, entries: List[pafs.FileInfo], *, recursive: bool) -> None:
+    def record(self, directory: str, entries: list[pafs.FileInfo], *, recursive: bool) -> None:
         (self._trees if recursive else self._directories).add(directory.rstrip("/") or directory)
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
 
-    def has_index(self, path: str) -> Optional[bool]:
+    def has_index(self, path: str) -> bool | None:
         """True or False when the listings show it, None when a sidecar could sit in a
         directory that was not listed (a dataset root above the paths given)."""
         candidates = index_candidates(path)
@@ -258,7 +258,7 @@ class _Seen:
         return True
 
 
-def _visible_files(directory: str, entries: List[pafs.FileInfo]) -> List[Tuple[str, int]]:
+def _visible_files(directory: str, entries: list[pafs.FileInfo]) -> list[tuple[str, int]]:
     base = directory.rstrip("/") + "/"
     return sorted(
         (e.path, e.size)
@@ -293,7 +293,7 @@ def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _below(path: str, root: Optional[str]) -> str:
+def _below(path: str, root: str | None) -> str:
     """``path`` relative to ``root`` (``path`` itself when ``root`` is None or "")."""
     if not root:
         return path

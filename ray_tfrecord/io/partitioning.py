@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,7 @@ __all__ = ["PartitionValues", "hive_directory", "parse_partitions", "split_by_pa
 
 # One file's partition values, ``((column, typed value), ...)`` in column order: a tuple, so
 # that it is hashable and cheap to pickle into every read task.
-PartitionValues = Tuple[Tuple[str, Any], ...]
+PartitionValues = tuple[tuple[str, Any], ...]
 
 _ARROW_TYPES = {int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 _INT_RE = re.compile(r"-?(0|[1-9][0-9]*)")
@@ -59,7 +60,7 @@ def _encode_value(value: Any) -> str:
     return urllib.parse.quote(str(value), safe="")
 
 
-def split_by_partitions(table: pa.Table, cols: Sequence[str]) -> Iterator[Tuple[str, pa.Table]]:
+def split_by_partitions(table: pa.Table, cols: Sequence[str]) -> Iterator[tuple[str, pa.Table]]:
     """Yield ``(hive directory, rows without the partition columns)`` per distinct
     partition value, keeping row order within a partition."""
     if not cols:
@@ -92,8 +93,8 @@ def split_by_partitions(table: pa.Table, cols: Sequence[str]) -> Iterator[Tuple[
 
 
 def parse_partitions(
-    paths: Sequence[str], partitioning: Optional[Partitioning] = Partitioning("hive")
-) -> Tuple[pa.Schema, List[PartitionValues]]:
+    paths: Sequence[str], partitioning: Partitioning | None = Partitioning("hive")
+) -> tuple[pa.Schema, list[PartitionValues]]:
     """Parse the partition values of every path and type them.
 
     Returns the partition columns' schema (in first-seen order) and, per path, its typed
@@ -103,7 +104,7 @@ def parse_partitions(
     if partitioning is None:
         return pa.schema([]), [()] * len(paths)
     parser = PathPartitionParser(partitioning)
-    raw: List[Dict[str, Any]] = [parser(p) for p in paths]
+    raw: list[dict[str, Any]] = [parser(p) for p in paths]
     names = list(dict.fromkeys(k for d in raw for k in d))
     explicit = partitioning.field_types or {}
     types = {
@@ -124,7 +125,7 @@ def parse_partitions(
     return schema, [tuple((n, typed(n, d.get(n))) for n in names) for d in raw]
 
 
-def _infer_type(values: List[str]) -> pa.DataType:
+def _infer_type(values: list[str]) -> pa.DataType:
     # Only exact round-trips count as integers, so "007" (a code, not a number)
     # stays a string.
     if values and all(_INT_RE.fullmatch(v) and -(2**63) <= int(v) < 2**63 for v in values):

@@ -22,7 +22,7 @@ import enum
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Union
+from typing import Literal, Union
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -49,14 +49,14 @@ class FileRange:
 
     path: str
     start: int
-    end: Optional[int]  # None: to end of stream (always for compressed files)
+    end: int | None  # None: to end of stream (always for compressed files)
     size: int  # on-disk bytes, for metadata and task packing
-    num_rows: Optional[int]  # exact, when an index gave the boundaries
+    num_rows: int | None  # exact, when an index gave the boundaries
     resync: bool  # start is a guessed byte offset, not a known record boundary
     partitions: PartitionValues
 
     @classmethod
-    def whole(cls, file: DataFile) -> "FileRange":
+    def whole(cls, file: DataFile) -> FileRange:
         return cls(file.path, 0, None, file.size, None, False, file.partitions)
 
     @property
@@ -75,10 +75,10 @@ class Probe:
     """What a look at a large file's head, tail and sidecar found."""
 
     kind: ProbeKind
-    index: Optional[RecordIndex] = None  # set for INDEXED
+    index: RecordIndex | None = None  # set for INDEXED
 
 
-def probe_file(fs: pafs.FileSystem, file: DataFile, compression: Optional[str]) -> Probe:
+def probe_file(fs: pafs.FileSystem, file: DataFile, compression: str | None) -> Probe:
     """Classify a large file for splitting (``compression`` as the reader was given it)."""
     head, tail = read_fingerprint(fs, file.path, file.size)
     if compression == "auto" and detect_compression(head[:16]) is not None:
@@ -98,7 +98,7 @@ def _pieces(size: int, target_bytes: int) -> int:
     return max(1, round(size / max(1, target_bytes)))
 
 
-def _ranges_of(file: DataFile, probe: Optional[Probe], target_bytes: int) -> List[FileRange]:
+def _ranges_of(file: DataFile, probe: Probe | None, target_bytes: int) -> list[FileRange]:
     pieces = _pieces(file.size, target_bytes)
     if probe is None or probe.kind is ProbeKind.COMPRESSED or pieces < 2:
         return [FileRange.whole(file)]
@@ -115,11 +115,11 @@ def _ranges_of(file: DataFile, probe: Optional[Probe], target_bytes: int) -> Lis
 
 def plan_ranges(
     fs: pafs.FileSystem,
-    files: List[DataFile],
-    compression: Optional[str],
+    files: list[DataFile],
+    compression: str | None,
     target_bytes: int,
     threads: int,
-) -> List[FileRange]:
+) -> list[FileRange]:
     """Cut ``files`` into ranges of about ``target_bytes``, in file order. Only files that
     round to two targets or more are probed (``threads`` at a time: each probe is a few reads)."""
     splittable = compression in ("auto", None)
@@ -141,11 +141,11 @@ def split_bytes(total_bytes: int, parallelism: int, min_split_bytes: int) -> int
 MAX_RANGES_PER_TASK = 256
 
 
-def pack_ranges(ranges: List[FileRange], target_bytes: int,
-                max_ranges: int = MAX_RANGES_PER_TASK) -> List[List[FileRange]]:
+def pack_ranges(ranges: list[FileRange], target_bytes: int,
+                max_ranges: int = MAX_RANGES_PER_TASK) -> list[list[FileRange]]:
     """Group consecutive ranges into read tasks of about ``target_bytes`` and at most
     ``max_ranges`` ranges."""
-    groups: List[List[FileRange]] = []
+    groups: list[list[FileRange]] = []
     size = 0
     for r in ranges:
         if not groups or size + r.size > target_bytes or len(groups[-1]) >= max_ranges:
@@ -165,7 +165,7 @@ def check_shuffle(shuffle: object) -> None:
         )
 
 
-def shuffle_files(files: List[DataFile], shuffle: Shuffle, execution_idx: int) -> List[DataFile]:
+def shuffle_files(files: list[DataFile], shuffle: Shuffle, execution_idx: int) -> list[DataFile]:
     """``files`` in a random order: a fresh one per call for ``"files"``, else the one
     ``shuffle``'s seed gives for this execution (the permutation Ray's readers use)."""
     if shuffle is None:
@@ -176,7 +176,7 @@ def shuffle_files(files: List[DataFile], shuffle: Shuffle, execution_idx: int) -
     return shuffled
 
 
-def default_read_tasks(estimated_bytes: int, target_block_bytes: Optional[int]) -> Optional[int]:
+def default_read_tasks(estimated_bytes: int, target_block_bytes: int | None) -> int | None:
     """One read task per CPU, more only when blocks would otherwise exceed Ray's target size;
     ``None`` (Ray Data's own default) when Ray is not running yet, since sizing a cluster
     must not start one.
