@@ -33,6 +33,7 @@ from ray_tfrecord.core.codec import RecordType, check_encodable
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.io import _compat
 from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult
+from ray_tfrecord.io.task_errors import from_task, task_cause
 from ray_tfrecord.io.writers import WriteConfig, write_tables
 
 __all__ = ["TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
@@ -196,7 +197,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     def on_write_failed(self, error: Exception) -> None:
         logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
-                       _compat.task_cause(error) or error)
+                       task_cause(error) or error)
         self.commit.abort()
 
     @property
@@ -234,7 +235,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         try:
             files, schemas = write_tables(tables, self._config, ctx.task_idx, write_uuid, self.commit.recorded)
         except TFRecordError as e:
-            raise _compat.from_task(e) from None
+            raise from_task(e) from None
         return {"files": files, "schemas": schemas}
 
 
@@ -295,7 +296,7 @@ def write_tfrecords(
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.
-        cause = _compat.task_cause(e)
+        cause = task_cause(e)
         if cause is None:
             raise
         raise cause from None
