@@ -23,13 +23,13 @@ object stores a move is a copy and the window grows with the data. Readers that 
 snapshot should wait for ``_SUCCESS`` to appear (``overwrite``/first write) or be newer
 (``append``).
 
-Example::
+Example (``staged`` and ``schemas`` are what the writers report)::
 
     >>> import pyarrow.fs as pafs
     >>> commit = Commit(pafs.LocalFileSystem(), "/tmp/words", "overwrite")  # doctest: +SKIP
-    >>> if not commit.apply_mode():  # doctest: +SKIP
+    >>> if not commit.apply_mode():  # False: go ahead; True: mode="ignore" found data  # doctest: +SKIP
     ...     commit.start()
-    ...     staged = write_my_files_under(commit.staging)
+    ...     ...  # write files under commit.staging, one StagedFile each
     ...     result = commit.finish(staged, schemas)
 """
 
