@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -29,10 +30,10 @@ from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.errors import CorruptRecordError, TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.core.index import build_index, write_index
-from ray_tfrecord.io import _compat
 from ray_tfrecord.io.datasink import write_tfrecords
 from ray_tfrecord.io.datasource import TFRecordDatasource
 from ray_tfrecord.io.listing import DataFile, list_files
+from ray_tfrecord.io.task_errors import task_cause
 
 _READERS = {
     "parquet": lambda src: ray.data.read_parquet(src),
@@ -130,7 +131,7 @@ def _cmd_verify(args) -> int:
     listing = list_files(args.path, partitioning=None)
     _ensure_ray(args.num_cpus)
     fs = listing.filesystem
-    results = ray.data.from_items(_rows(listing.files)).map(_verify_file, fn_kwargs={"filesystem": fs}).take_all()
+    results = ray.data.from_items(_rows(listing.files)).map(functools.partial(_verify_file, filesystem=fs)).take_all()
     bad = [r for r in results if r["bad"]]
     print(f"verified {len(results)} files, {sum(r['records'] for r in results)} good records, "
           f"{sum(r['bad'] for r in bad)} corrupt")
@@ -156,7 +157,7 @@ def _cmd_index(args) -> int:
     _ensure_ray(args.num_cpus)
     results = (
         ray.data.from_items(_rows(listing.files))
-        .map(_index_file, fn_kwargs={"filesystem": listing.filesystem, "spacing": args.spacing})
+        .map(functools.partial(_index_file, filesystem=listing.filesystem, spacing=args.spacing))
         .take_all()
     )
     for r in sorted(results, key=lambda r: r["path"]):
@@ -201,10 +202,12 @@ def _guess_format(src: str) -> str:
 
 def _compression_level(text: str) -> int:
     try:
-        return options.compression_level(int(text), "gzip")
+        level = int(text)
+        options.compression_level(level, "gzip")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 0 (fastest) to 9 (smallest), or -1 for zlib's default; "
                                          f"got {text!r}") from None
+    return level
 
 
 def _positive(text: str) -> int:
@@ -225,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="CPUs for the local Ray this command starts (default: all)")
     parser = argparse.ArgumentParser(prog="ray-tfrecord", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    parser.set_defaults(flags={})  # the commands without a flag for a library keyword
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="what to do; `ray-tfrecord COMMAND --help` lists its options")
     record_types = list(options.RECORD_TYPES)
@@ -274,41 +278,42 @@ def _parser() -> argparse.ArgumentParser:
                    help="gather at least this many rows per write task (so per file) before writing; a hint, "
                         "as in Ray's write_tfrecords")
     p.add_argument("--max-rows-per-file", type=_positive, help="start a new file after this many rows")
-    p.add_argument("--allow-float64-narrowing", action="store_true",
-                   help="write float64 columns as float32 (TFRecord has no float64)")
-    p.add_argument("--allow-decimal-narrowing", action="store_true",
-                   help="write decimals with no exact float32 form as the nearest float32")
-    p.set_defaults(fn=_cmd_convert)
+    # The library names these fixes by their keyword (allow_float64_narrowing=True); errors show the flag.
+    flags: dict[str, str] = {}  # keyword: flag
+    for flag, help_text in (
+        ("--allow-float64-narrowing", "write float64 columns as float32 (TFRecord has no float64)"),
+        ("--allow-decimal-narrowing", "write decimals with no exact float32 form as the nearest float32"),
+    ):
+        flags[p.add_argument(flag, action="store_true", help=help_text).dest] = flag
+    p.set_defaults(fn=_cmd_convert, flags=flags)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ray-tfrecord`` console script."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     args.num_cpus = getattr(args, "num_cpus", None)
     _console_without_errors()
     try:
         return args.fn(args)
     except Exception as e:
         # One line, no traceback: the library's message names the file, offset and fix.
-        error = _compat.task_cause(e) or e
+        error = task_cause(e) or e
         if not isinstance(error, (ValueError, FileNotFoundError)):
             raise
-        print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), parser, args.command)}", file=sys.stderr)
+        print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), args.flags)}", file=sys.stderr)
         return 1 if isinstance(error, CorruptRecordError) else 2
 
 
-def _in_cli_terms(message: str, parser: argparse.ArgumentParser, command: str) -> str:
-    """The library names a fix as a Python keyword (``allow_float64_narrowing=True``); on the
-    command line it is the flag (``--allow-float64-narrowing``)."""
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    for action in sub.choices[command]._actions:
-        if isinstance(action, argparse._StoreTrueAction):
-            flag = action.option_strings[0]
-            # Messages that name both spellings keep only the flag here.
-            message = message.replace(f"{action.dest}=True (CLI: {flag})", flag).replace(f"{action.dest}=True", flag)
-    # A fix that only the Python API offers (ignore_missing_paths=True) is no fix here.
+def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each fix named as a Python keyword (``allow_float64_narrowing=True``) named
+    as the command's flag (``--allow-float64-narrowing``) instead; ``flags`` maps the keywords to
+    the flags. A message that already names both (``allow_float64_narrowing=True (CLI:
+    --allow-float64-narrowing)``) keeps the flag alone."""
+    for keyword, flag in flags.items():
+        message = message.replace(f"{keyword}=True (CLI: {flag})", flag).replace(f"{keyword}=True", flag)
+    # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
+    # ignore_missing_paths=True to skip it" for a glob that matches nothing.
     return re.sub(r", or pass \w+=True to [^;]*", "", message)
 
 

@@ -16,7 +16,7 @@ from ray.data import FileShuffleConfig
 from ray.data.context import DataContext
 from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 
-from ray_tfrecord import read_tfrecords
+from ray_tfrecord import CorruptRecordError, NotTFRecordError, read_tfrecords
 from ray_tfrecord.core import sizes
 from ray_tfrecord.core.index import build_index, index_path, write_index
 from ray_tfrecord.io.datasource import TFRecordDatasource
@@ -168,9 +168,9 @@ def test_explicit_schema_and_compression_override(ray_local, tf_files):
     assert ds.take(1)[0]["name"].startswith("n")
 
     # Forcing the wrong compression is an error naming the file, not garbage rows.
-    with pytest.raises(Exception, match="c"):
+    with pytest.raises(CorruptRecordError, match=r"/c: corrupted GZIP stream"):
         read_tfrecords(str(tf_files["ZLIB"]), schema=schema, compression="gzip").take_all()
-    with pytest.raises(Exception, match=r"b\.tfrecord\.gz"):
+    with pytest.raises(NotTFRecordError, match=r"b\.tfrecord\.gz"):
         read_tfrecords(str(tf_files["GZIP"]), schema=schema, compression=None).take_all()
 
 
@@ -185,7 +185,7 @@ def _flip_byte_in_record(path, record: int) -> int:
 def test_flipped_byte_raise_names_file_and_offset(ray_local, tf_files):
     path = tf_files[""]
     offset = _flip_byte_in_record(path, 42)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(CorruptRecordError) as info:
         read_tfrecords(str(path), schema=pa.schema([("id", pa.int64())])).take_all()
     assert str(path) in str(info.value) and f"offset {offset}" in str(info.value)
     # TensorFlow agrees the file is damaged.
@@ -214,7 +214,7 @@ def test_truncated_file(ray_local, tf_files):
     with open(path, "r+b") as f:
         f.truncate(size - 7)
     schema = pa.schema([("id", pa.int64())])
-    with pytest.raises(Exception, match=f"offset {last}"):
+    with pytest.raises(CorruptRecordError, match=f"offset {last}"):
         read_tfrecords(str(path), schema=schema).take_all()
     source = TFRecordDatasource(str(path), schema=schema, on_corrupt="skip")
     assert sorted(r["id"] for r in ray.data.read_datasource(source).take_all()) == list(range(99))
@@ -225,7 +225,7 @@ def test_truncated_gzip_file_raises_naming_file(ray_local, tf_files):
     path = tf_files["GZIP"]
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) // 2])
-    with pytest.raises(Exception, match=r"b\.tfrecord\.gz"):
+    with pytest.raises(CorruptRecordError, match=r"b\.tfrecord\.gz"):
         read_tfrecords(str(path), schema=pa.schema([("id", pa.int64())])).take_all()
 
 

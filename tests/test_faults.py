@@ -167,7 +167,7 @@ class KillingSink(TFRecordDatasink):
     def _kill_midway(self, blocks):
         for i, block in enumerate(blocks):
             if i == self._kill_after:
-                _kill_once(self._marker, files_under(self._staging), self._victim)
+                _kill_once(self._marker, files_under(self.commit.staging), self._victim)
             yield block
 
 

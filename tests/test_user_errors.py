@@ -19,7 +19,7 @@ import tensorflow as tf
 from ray.exceptions import RayTaskError
 
 import ray_tfrecord
-from ray_tfrecord.cli import _parser, main
+from ray_tfrecord.cli import _in_cli_terms, _parser, main
 from ray_tfrecord.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
 from ray_tfrecord.core.framing import frame_records
 from ray_tfrecord.io.datasource import TFRecordDatasource
@@ -212,6 +212,17 @@ def test_cli_errors_are_one_line(ray_local, tmp_path, not_tfrecord, capsys):
     assert line.startswith("ray-tfrecord convert: column 'x': ") and len(line) < 300, line
     assert "--allow-float64-narrowing" in line and "allow_float64_narrowing=True" not in line
     assert line.count("--allow-float64-narrowing") == 1, line
+
+
+def test_cli_names_its_flag_for_a_library_keyword_in_either_message_form():
+    flags = _parser().parse_args(["convert", "in.csv", "out"]).flags
+    assert flags == {"allow_float64_narrowing": "--allow-float64-narrowing",
+                     "allow_decimal_narrowing": "--allow-decimal-narrowing"}
+    message = "column 'x': float64 value 0.1 is not exactly representable as float32; pass {} to round it"
+    for keyword in ("allow_float64_narrowing=True", "allow_float64_narrowing=True (CLI: --allow-float64-narrowing)"):
+        assert _in_cli_terms(message.format(keyword), flags) == message.format("--allow-float64-narrowing")
+    assert _parser().parse_args(["verify", "p"]).flags == {}  # no flag to name: the keyword stays
+    assert _in_cli_terms("pass allow_float64_narrowing=True", {}) == "pass allow_float64_narrowing=True"
 
 
 def test_inspect_reports_a_corrupt_record_and_exits_1(ray_local, tmp_path, capsys):

@@ -40,21 +40,16 @@ from ray.data.datasource.file_based_datasource import (
 # including schemes like ``local://`` and ``s3://`` with default credentials; and its
 # extension test (case-insensitive, leading dot optional). Neither is public.
 from ray.data.datasource.path_util import _has_file_extension, _resolve_paths_and_filesystem
-from ray.exceptions import RayTaskError, UserCodeException
-
-from ray_tfrecord.core.errors import TFRecordError
 
 __all__ = [
     "ROW_COUNT_STUB_COLUMN",
     "TaskContext",
     "execution_index",
-    "from_task",
     "has_file_extension",
     "is_local_scheme",
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
-    "task_cause",
     "unpickled_filesystem",
     "unwrap_filesystem",
     "write_uuid",
@@ -96,53 +91,3 @@ def execution_index(context: DataContext | None) -> int:
     ``FileShuffleConfig.get_seed`` takes to reseed per execution. Ray passes the context
     to ``Datasource.get_read_tasks`` but keeps the counter in a private attribute."""
     return context._execution_idx if context is not None else 0
-
-
-# Ray formats an error raised in a task as the task's whole traceback, Ray Data's frames
-# included, and logs it again as "internal code ... open an issue"; only a cause that is a
-# ``UserCodeException`` gets Ray Data's frames hidden and the short log. There is no public
-# way to mark an exception as the user's data problem, so each error class gets a twin that
-# is also a ``UserCodeException``, under the same name so that Ray shows
-# ``RayTaskError(CorruptRecordError)``.
-def _twin(cls: type[TFRecordError]) -> type[TFRecordError]:
-    return type(cls.__name__, (cls, UserCodeException), {
-        "__module__": cls.__module__,
-        "__qualname__": cls.__qualname__,
-        "__reduce__": lambda self: (_rebuild, (cls, self.__dict__)),
-    })
-
-
-def _subclasses(cls: type) -> list:
-    return [cls] + [s for sub in cls.__subclasses__() for s in _subclasses(sub)]
-
-
-_TWINS: dict[type, type] = {cls: _twin(cls) for cls in _subclasses(TFRecordError)}
-_BASES: dict[type, type] = {twin: cls for cls, twin in _TWINS.items()}
-
-
-def _rebuild(cls: type[TFRecordError], state: dict, *, twin: bool = True) -> TFRecordError:
-    error = Exception.__new__(_TWINS[cls] if twin else cls)
-    error.__dict__.update(state)
-    error.args = (state["message"],)
-    return error
-
-
-def from_task(error: TFRecordError) -> TFRecordError:
-    """``error``, to raise from inside a Ray task so that the driver's message is a few lines:
-    Ray hides its own frames and does not call it an internal error. Still an instance of
-    ``type(error)`` with the same ``path``, ``offset`` and ``column``; a subclass defined
-    outside ``ray_tfrecord.core.errors`` has no twin and is returned as it is."""
-    base = _BASES.get(type(error), type(error))
-    return _rebuild(base, error.__dict__) if base in _TWINS else error
-
-
-def task_cause(error: BaseException) -> TFRecordError | None:
-    """The ``TFRecordError`` a Ray task raised, without Ray's traceback around it, for entry
-    points that report errors themselves (``write_tfrecords``, the CLI); ``None`` when
-    ``error`` is not a task's ``TFRecordError``."""
-    cause = error
-    while isinstance(cause, RayTaskError) and isinstance(cause.cause, BaseException):
-        cause = cause.cause
-    if cause is error or not isinstance(cause, TFRecordError):
-        return None
-    return _rebuild(_BASES.get(type(cause), type(cause)), cause.__dict__, twin=False)

@@ -17,18 +17,17 @@ Reading works in three stages:
    files); see :func:`_record_schema`. Partition and ``path`` columns are added to it.
 3. *Planning* (driver, per execution): :mod:`ray_tfrecord.io.planning` cuts files into
    byte ranges and packs them into read tasks of about ``total_bytes / parallelism``
-   bytes; each task streams one block per 4 MiB of framed records (or
-   ``target_max_block_size``, if smaller).
+   bytes.
+4. *Reading* (read tasks): :mod:`ray_tfrecord.io.read_tasks`; each task streams one block per
+   4 MiB of framed records (or ``target_max_block_size``, if smaller).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -36,17 +35,15 @@ import ray
 from ray.data import Dataset
 from ray.data.block import BlockMetadata
 from ray.data.context import DataContext
-from ray.data.datasource import Datasource, Partitioning, PathPartitionFilter, ReadTask
+from ray.data.datasource import Datasource, Partitioning, PartitionStyle, PathPartitionFilter, ReadTask
 
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
-from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.core.schema import infer_schema, read_stored_schema
 from ray_tfrecord.io import _compat
 from ray_tfrecord.io.listing import Listing, list_files
 from ray_tfrecord.io.planning import (
-    FileRange,
     Shuffle,
     check_shuffle,
     default_read_tasks,
@@ -55,49 +52,29 @@ from ray_tfrecord.io.planning import (
     shuffle_files,
     split_bytes,
 )
-
-logger = logging.getLogger(__name__)
-
-Compression = Optional[Literal["auto", "gzip", "zlib"]]
-
-PATH_COLUMN = "path"
+from ray_tfrecord.io.read_tasks import PATH_COLUMN, Compression, ReadConfig, read_ranges
 
 
-@dataclass(frozen=True)
-class _ReadConfig:
-    """Everything a read task needs besides its ranges (kept small: it is pickled
-    into every task)."""
-
-    filesystem: Any
-    record_type: RecordType
-    schema: pa.Schema  # the output columns, in order
-    attached: frozenset[str]  # output columns taken from the range (partitions, path), not decoded
-    compression: Compression
-    verify_crc: bool
-    on_corrupt: options.OnCorrupt
-    chunk_bytes: int
-    ledger: Any = field(default=None)  # actor handle, skip mode only
-
-    @property
-    def record_schema(self) -> pa.Schema:
-        """The record columns to decode, in decode order."""
-        return pa.schema([f for f in self.schema if f.name not in self.attached])
-
-
-@ray.remote(num_cpus=0)
 class _CorruptionLedger:
     """Collects corruption reports from read tasks, keyed by ``(path, start)``:
     re-executing the dataset or retrying a task replaces a range's report instead
     of counting its bad records twice."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._reports: dict[tuple[str, int], CorruptionReport] = {}
 
+    # @ray.method: Ray's typed form of an actor method, so that handles show ``.remote``.
+    @ray.method
     def record(self, key: tuple[str, int], report: CorruptionReport) -> None:
         self._reports[key] = report
 
+    @ray.method
     def reports(self) -> list[CorruptionReport]:
         return list(self._reports.values())
+
+
+# ray.remote called rather than used as a class decorator, whose result type checkers cannot see.
+_RemoteLedger = ray.remote(num_cpus=0)(_CorruptionLedger)
 
 
 class TFRecordDatasource(Datasource):
@@ -168,7 +145,7 @@ class TFRecordDatasource(Datasource):
         verify_crc: bool = True,
         on_corrupt: options.OnCorrupt = "raise",
         filesystem: pafs.FileSystem | None = None,
-        partitioning: Partitioning | None = Partitioning("hive"),
+        partitioning: Partitioning | None = Partitioning(PartitionStyle.HIVE),
         partition_filter: PathPartitionFilter | None = None,
         include_paths: bool = False,
         file_extensions: list[str] | None = None,
@@ -217,7 +194,7 @@ class TFRecordDatasource(Datasource):
                 raise ValueError(f"Unknown columns {unknown}; available: {self._schema.names}")
             self._projection_map = {c: c for c in columns}
 
-        self._ledger = _CorruptionLedger.remote() if on_corrupt == "skip" else None
+        self._ledger = _RemoteLedger.remote() if on_corrupt == "skip" else None
 
     @property
     def listing(self) -> Listing:
@@ -278,17 +255,17 @@ class TFRecordDatasource(Datasource):
         config = self._read_config()
         tasks = []
         for group in pack_ranges(ranges, target):
-            rows = [r.num_rows for r in group]
+            rows = [r.num_rows for r in group if r.num_rows is not None]
             meta = BlockMetadata(
                 # In skip mode a range may yield fewer rows than its index says.
-                num_rows=sum(rows) if None not in rows and self._on_corrupt == "raise" else None,
+                num_rows=sum(rows) if len(rows) == len(group) and self._on_corrupt == "raise" else None,
                 size_bytes=sum(r.size for r in group),
-                input_files=list(dict.fromkeys(r.path for r in group)),
+                input_files=tuple(dict.fromkeys(r.path for r in group)),
                 exec_stats=None,
             )
             tasks.append(
                 ReadTask(
-                    _read_fn(group, config),
+                    read_ranges(group, config),
                     meta,
                     schema=config.schema,
                     per_task_row_limit=per_task_row_limit,
@@ -307,10 +284,10 @@ class TFRecordDatasource(Datasource):
             total.merge(report)
         return total
 
-    def _read_config(self) -> _ReadConfig:
+    def _read_config(self) -> ReadConfig:
         schema = self.output_schema()
         target = self._data_context.target_max_block_size or sizes.TARGET_BLOCK_BYTES
-        return _ReadConfig(
+        return ReadConfig(
             filesystem=_compat.pickleable_filesystem(self._listing.filesystem),
             record_type=self._record_type,
             schema=schema,
@@ -371,70 +348,6 @@ def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: Reco
         )
 
 
-# -- read tasks -----------------------------------------------------------------
-
-
-def _read_fn(ranges: list[FileRange], config: _ReadConfig):
-    """The body of one read task (a closure over its ranges only, so that a task
-    does not carry the whole file list)."""
-
-    def read_tfrecord_ranges() -> Iterator[pa.Table]:
-        fs = _compat.unpickled_filesystem(config.filesystem)
-        record_schema = config.record_schema
-        for r in ranges:
-            # CorruptionReport.add logs each skipped record; the ledger keeps counts.
-            report = CorruptionReport()
-            try:
-                for chunk in _iter_range(fs, r, config, report):
-                    yield _to_block(chunk, r, record_schema, config)
-            except TFRecordError as e:
-                raise _compat.from_task(e) from None
-            if report.count:
-                ray.get(config.ledger.record.remote((r.path, r.start), report))
-
-    return read_tfrecord_ranges
-
-
-def _iter_range(fs, r: FileRange, config: _ReadConfig, report: CorruptionReport):
-    options = dict(
-        path=r.path,
-        verify_crc=config.verify_crc,
-        on_corrupt=config.on_corrupt,
-        report=report,
-        chunk_bytes=config.chunk_bytes,
-    )
-    if r.whole_file:
-        stream, found = open_stream(r.path, fs, config.compression)
-        try:
-            size = None if found else r.size
-            yield from iter_chunks(stream, size=size, compressed=bool(found), **options)
-        finally:
-            stream.close()
-        return
-    with fs.open_input_file(r.path) as f:
-        f.seek(r.start)
-        yield from iter_chunks(
-            f, start=r.start, end=r.end, resync=r.resync, size=f.size(), **options
-        )
-
-
-def _to_block(chunk, r: FileRange, record_schema: pa.Schema, config: _ReadConfig) -> pa.Table:
-    n = len(chunk)
-    # With no record column projected (Dataset.count() projects everything away)
-    # decode returns a column-less batch that still carries the row count.
-    table = pa.Table.from_batches([decode(chunk, record_schema, config.record_type)])
-    values = {**dict(r.partitions), PATH_COLUMN: r.path}
-    for f in config.schema:
-        if f.name in config.attached:
-            table = table.append_column(f, pa.repeat(pa.scalar(values.get(f.name), f.type), n))
-    table = table.select(config.schema.names)
-    if table.num_columns == 0:
-        # Ray counts a column-less table as empty; its stub column keeps the rows
-        # (the same idiom as Ray's Parquet reader).
-        table = table.append_column(_compat.ROW_COUNT_STUB_COLUMN, pa.nulls(n))
-    return table
-
-
 def read_tfrecords(
     paths: str | list[str],
     *,
@@ -445,7 +358,7 @@ def read_tfrecords(
     verify_crc: bool = True,
     on_corrupt: options.OnCorrupt = "raise",
     filesystem: pafs.FileSystem | None = None,
-    partitioning: Partitioning | None = Partitioning("hive"),
+    partitioning: Partitioning | None = Partitioning(PartitionStyle.HIVE),
     partition_filter: PathPartitionFilter | None = None,
     include_paths: bool = False,
     file_extensions: list[str] | None = None,
@@ -466,9 +379,10 @@ def read_tfrecords(
     ``ray_remote_args``). ``override_num_blocks`` defaults to one read task per CPU in
     the cluster (more for data larger than that many target-size blocks), not Ray's
     200: each task streams blocks of a few MiB already. That needs a running Ray to
-    count CPUs; before ``ray.init()`` the read leaves the choice to Ray Data. To retrieve the count of records skipped with
-    ``on_corrupt="skip"``, build the :class:`TFRecordDatasource` yourself and call
-    its :meth:`~TFRecordDatasource.corruption_report` after executing the dataset.
+    count CPUs; before ``ray.init()`` the read leaves the choice to Ray Data. To retrieve
+    the count of records skipped with ``on_corrupt="skip"``, build the
+    :class:`TFRecordDatasource` yourself and call its
+    :meth:`~TFRecordDatasource.corruption_report` after executing the dataset.
 
     Example:
         >>> import ray_tfrecord

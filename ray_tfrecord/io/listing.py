@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from ray.data.datasource import Partitioning, PathPartitionFilter
+from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilter
 
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.index import dataset_root, index_candidates, is_index_path
@@ -78,7 +78,7 @@ def list_files(
     filesystem: pafs.FileSystem | None = None,
     file_extensions: list[str] | None = None,
     ignore_missing_paths: bool = False,
-    partitioning: Partitioning | None = Partitioning("hive"),
+    partitioning: Partitioning | None = Partitioning(PartitionStyle.HIVE),
     partition_filter: PathPartitionFilter | None = None,
 ) -> Listing:
     """List the visible files under ``paths``: files, directories (read recursively) and
@@ -182,8 +182,12 @@ def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: _Seen) -> list[tuple[str,
 def _walk(components: tuple[Component, ...], fs: pafs.FileSystem, seen: _Seen) -> list[pafs.FileInfo]:
     """What the component patterns match, walking down from their literal prefix: each
     pattern lists the directories the components before it matched, one level each."""
-    literal = next((k for k, c in enumerate(components) if not isinstance(c, str)), len(components))
-    start = list(components[:literal])
+    start: list[str] = []  # the literal prefix
+    for c in components:
+        if not isinstance(c, str):
+            break
+        start.append(c)
+    literal = len(start)
     frontier = ["/" + "/".join(start[1:]) if start[:1] == [""] else "/".join(start)]
     matched: list[pafs.FileInfo] | None = None
     for k in range(literal, len(components)):

@@ -10,7 +10,8 @@ string survives the trip::
     >>> from ray_tfrecord.io.partitioning import hive_directory, parse_partitions
     >>> hive_directory({"year": 2021, "city": "São Paulo/Centro", "code": None})
     'year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__'
-    >>> schema, values = parse_partitions(["/d/year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__/f"])
+    >>> path = "/d/year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__/f"
+    >>> schema, values = parse_partitions([path])
     >>> values
     [(('year', 2021), ('city', 'São Paulo/Centro'), ('code', None))]
     >>> schema.field("year").type
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from ray.data.datasource import Partitioning, PathPartitionParser
+from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
 from ray_tfrecord.core.layout import HIVE_NULL_PARTITION
 
@@ -41,7 +42,9 @@ PartitionValues = tuple[tuple[str, Any], ...]
 _ARROW_TYPES = {int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 _INT_RE = re.compile(r"-?(0|[1-9][0-9]*)")
 _FLOAT_RE = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
-_PARSE = {pa.int64(): int, pa.float64(): float, pa.bool_(): lambda v: v == "true", pa.string(): str}
+_PARSE: dict[pa.DataType, Callable[[str], Any]] = {
+    pa.int64(): int, pa.float64(): float, pa.bool_(): lambda v: v == "true", pa.string(): str,
+}
 
 
 # -- encode -----------------------------------------------------------------------
@@ -93,7 +96,7 @@ def split_by_partitions(table: pa.Table, cols: Sequence[str]) -> Iterator[tuple[
 
 
 def parse_partitions(
-    paths: Sequence[str], partitioning: Partitioning | None = Partitioning("hive")
+    paths: Sequence[str], partitioning: Partitioning | None = Partitioning(PartitionStyle.HIVE)
 ) -> tuple[pa.Schema, list[PartitionValues]]:
     """Parse the partition values of every path and type them.
 

@@ -22,7 +22,7 @@ import enum
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -40,7 +40,7 @@ __all__ = [
     "pack_ranges", "plan_ranges", "probe_file", "shuffle_files", "split_bytes",
 ]
 
-Shuffle = Union[Literal["files"], FileShuffleConfig, None]
+Shuffle = Literal["files"] | FileShuffleConfig | None
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,14 @@ def _ranges_of(file: DataFile, probe: Probe | None, target_bytes: int) -> list[F
     if probe is None or probe.kind is ProbeKind.COMPRESSED or pieces < 2:
         return [FileRange.whole(file)]
     path, size, parts = file.path, file.size, file.partitions
-    if probe.kind is ProbeKind.UNINDEXED:
-        bounds = [size * k // pieces for k in range(pieces + 1)]
-        return [
-            FileRange(path, a, b, b - a, None, k > 0, parts)
-            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))
-        ]
-    piece = math.ceil(size / pieces)
-    return [FileRange(path, a, b, b - a, n, False, parts) for a, b, n in probe.index.split(piece)]
+    if probe.kind is ProbeKind.INDEXED and probe.index is not None:
+        piece = math.ceil(size / pieces)
+        return [FileRange(path, a, b, b - a, n, False, parts) for a, b, n in probe.index.split(piece)]
+    bounds = [size * k // pieces for k in range(pieces + 1)]
+    return [
+        FileRange(path, a, b, b - a, None, k > 0, parts)
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:]))
+    ]
 
 
 def plan_ranges(
