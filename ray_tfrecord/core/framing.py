@@ -22,7 +22,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, Protocol
 
 import numpy as np
 
@@ -134,10 +134,19 @@ def _frame_error(status: Status, length: int, available: int) -> str:
     return f"corrupted record: data CRC mismatch over {length} bytes"
 
 
+class ByteStream(Protocol):
+    """What the reader needs of a stream: a file object, a ``pyarrow`` input stream, or what
+    :func:`open_stream` returns (``readinto`` is used when the stream has it)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class _Replay:
     """A stream whose first bytes were already read (for compression detection)."""
 
-    def __init__(self, head: bytes, raw: BinaryIO) -> None:
+    def __init__(self, head: bytes, raw: ByteStream) -> None:
         self._head, self._raw = head, raw
 
     def read(self, n: int = -1) -> bytes:
@@ -155,7 +164,7 @@ class _Replay:
             view[:n] = np.frombuffer(self._head, np.uint8, n)
             self._head = self._head[n:]
             return n
-        return self._raw.readinto(view)
+        return _read_into(self._raw, view)
 
     def close(self) -> None:
         self._raw.close()
@@ -164,7 +173,7 @@ class _Replay:
 class _Inflate:
     """A decompressing reader that never inflates more than it was asked for (no zip bombs)."""
 
-    def __init__(self, raw: BinaryIO, compression: Compression, path: str) -> None:
+    def __init__(self, raw: ByteStream, compression: Compression, path: str) -> None:
         self._raw, self._kind, self._path = raw, compression, path
         self._d = zlib.decompressobj(_WBITS[compression])
         self._raw_pos = 0
@@ -219,7 +228,7 @@ class _Inflate:
 
 
 def open_stream(path: str, filesystem, compression: Compression | Literal["auto"] | None = "auto"
-                ) -> tuple[BinaryIO, Compression | None]:
+                ) -> tuple[ByteStream, Compression | None]:
     """Open ``path`` on a ``pyarrow.fs`` filesystem as a (decompressed) byte stream.
 
     Compression is detected from the content when ``"auto"``, never from the file name.
@@ -232,7 +241,7 @@ def open_stream(path: str, filesystem, compression: Compression | Literal["auto"
     return (_Inflate(stream, found, path) if found else stream), found
 
 
-def _read_into(stream: BinaryIO, view: np.ndarray) -> int:
+def _read_into(stream: ByteStream, view: np.ndarray) -> int:
     readinto = getattr(stream, "readinto", None)
     if readinto is not None:
         return readinto(view) or 0
@@ -241,7 +250,7 @@ def _read_into(stream: BinaryIO, view: np.ndarray) -> int:
     return len(piece)
 
 
-def _fill(stream: BinaryIO, pending, target: int,
+def _fill(stream: ByteStream, pending: bytes | np.ndarray, target: int,
           piece_bytes: int) -> tuple[np.ndarray, bool, CorruptRecordError | None]:
     """``pending`` followed by the stream's next bytes, up to ``target`` in all, in one new buffer;
     whether the stream ended; and the error that ended it, if a damaged (compressed) stream
@@ -271,7 +280,7 @@ def _fill(stream: BinaryIO, pending, target: int,
     return buf[:have], False, None
 
 
-def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
+def iter_chunks(stream: ByteStream, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
                 chunk_bytes: int = sizes.STREAM_CHUNK_BYTES, size: int | None = None, compressed: bool = False,
                 max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RecordChunk]:
@@ -287,20 +296,20 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
     ``verify_crc`` governs the data CRC. ``compressed`` only changes how offsets are described.
     """
     skip = options.on_corrupt(on_corrupt) == "skip"
-    if skip and report is None:
-        report = CorruptionReport()
+    skipped = report if report is not None else CorruptionReport()
     where = " in the decompressed stream" if compressed else ""
 
     def defect(offset: int, reason: str, error: type = CorruptRecordError) -> None:
         if not skip:
             raise error(reason, path=path, offset=offset)
-        report.add(path, offset, reason)
+        skipped.add(path, offset, reason)
 
     if size is not None and start >= size:
         # Nothing starts at or past the end: TensorFlow's reader reports end-of-data there, so
         # yield nothing rather than measure a negative remainder as a truncated record.
         return
-    base, pending, need, resyncing = start, b"", 0, resync
+    base, need, resyncing = start, 0, resync
+    pending: bytes | np.ndarray = b""
     while end is None or base < end:
         room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)
         if need > room:
@@ -327,7 +336,7 @@ def iter_chunks(stream: BinaryIO, *, path: str, start: int = 0, end: int | None 
             else:
                 defect(base + e.offset, reason + where)
         if skip:
-            report.count += found.error_count - len(found.errors)
+            skipped.count += found.error_count - len(found.errors)
         if len(found.positions):
             yield RecordChunk(data, np.frombuffer(found.positions, np.int64), np.frombuffer(found.lengths, np.int64),
                               base, path, compressed)
