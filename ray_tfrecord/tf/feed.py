@@ -227,7 +227,6 @@ def _names(columns: str | Sequence[str] | None) -> list[str]:
     return [columns] if isinstance(columns, str) else list(columns)
 
 
-
 def _check_serialized(source: DataIterator) -> None:
     """Refuse ``record_schema=`` unless ``source`` holds what ``record_type="ByteArray"`` reads."""
     schema = arrow_schema(source.schema())
@@ -432,9 +431,9 @@ def tf_dataset(
     iterator = source.iterator() if isinstance(source, Dataset) else source
     plans, decoding = _plans(iterator, feature_names + label_names, defaults, record_schema)
     feed = _Feed(
-        iterator, plans, decoding, features, label, drop_remainder, cache,
-        shuffle_buffer=local_shuffle_buffer_size, shuffle_seed=local_shuffle_seed,
-        ray_prefetch=ray_prefetch_batches, tf_prefetch=tf_prefetch,
+        iterator=iterator, plans=plans, decoding=decoding, features=features, label=label,
+        drop_remainder=drop_remainder, cache=cache, shuffle_buffer=local_shuffle_buffer_size,
+        shuffle_seed=local_shuffle_seed, ray_prefetch=ray_prefetch_batches, tf_prefetch=tf_prefetch,
     )
     if per_replica is None:
         return feed.batches(batch_size, steps_per_epoch)
