@@ -48,14 +48,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import ray.train
 import tensorflow as tf
 
-__all__ = ["PerReplica", "check_partial_batches"]
+__all__ = ["Batches", "PerReplica", "check_partial_batches"]
 
 #: Builds one pipeline of ``batch_size``-row elements, ``steps`` of them an epoch (None: all the data gives).
-Batches = Callable[[int, int | None], tf.data.Dataset]
+Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
 
 
 def check_partial_batches(drop_remainder: bool, steps_per_epoch: int | None) -> None:
@@ -111,13 +112,11 @@ class PerReplica:
 
     def distribute(self, batches: Batches) -> tf.distribute.DistributedDataset:
         """The pipelines ``batches`` builds, one per input pipeline, cut per replica and repeated."""
-        per_worker = functools.partial(_per_worker, batches=batches, per_replica=self)
-        return self.strategy.distribute_datasets_from_function(per_worker)
+        return self.strategy.distribute_datasets_from_function(functools.partial(self._pipeline, batches))
 
-
-def _per_worker(context: tf.distribute.InputContext, *, batches: Batches, per_replica: PerReplica) -> tf.data.Dataset:
-    # This worker's replicas take its elements in turn, one each per step. Keras never
-    # restarts a distributed dataset's iterator, so each repetition is one pass over the shard.
-    local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-    rows = context.get_per_replica_batch_size(per_replica.batch_size)
-    return batches(rows, per_replica.steps_per_epoch * local_replicas).repeat()
+    def _pipeline(self, batches: Batches, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # This worker's replicas take its elements in turn, one each per step. Keras never
+        # restarts a distributed dataset's iterator, so each repetition is one pass over the shard.
+        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        rows = context.get_per_replica_batch_size(self.batch_size)
+        return batches(rows, self.steps_per_epoch * local_replicas).repeat()

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from ray.data import Dataset
 
 from ray_tfrecord.core.types import is_var_list, single_chunk
-from ray_tfrecord.tf.tensors import arrow_schema
+from ray_tfrecord.tf.tensors import arrow_schema, is_numeric
 
 __all__ = ["warn_constant_length_lists"]
 
@@ -24,11 +24,6 @@ _SAMPLE_ROWS = 1024
 
 # The pyarrow constructor of each numeric type whose name differs from str(type).
 _CONSTRUCTORS = {pa.float16(): "float16", pa.float32(): "float32", pa.float64(): "float64", pa.bool_(): "bool_"}
-
-
-def _is_numeric(t: pa.DataType) -> bool:
-    """Bool, integer or floating point: the types that become numeric tensors."""
-    return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = None) -> list[str]:
@@ -47,7 +42,7 @@ def warn_constant_length_lists(ds: Dataset, columns: Sequence[str] | None = None
     candidates = [
         f
         for f in schema
-        if (columns is None or f.name in columns) and is_var_list(f.type) and _is_numeric(f.type.value_type)
+        if (columns is None or f.name in columns) and is_var_list(f.type) and is_numeric(f.type.value_type)
     ]
     if not candidates:
         return []

@@ -29,7 +29,10 @@ from ray.data import Schema
 from ray_tfrecord.core.errors import SchemaError
 from ray_tfrecord.core.types import is_bytes, is_var_list, single_chunk
 
-__all__ = ["ColumnPlan", "Tensor", "arrow_schema", "as_tensor", "column_plans", "tensors_from_arrow", "type_spec"]
+__all__ = [
+    "ColumnPlan", "Tensor", "arrow_schema", "as_tensor", "column_plans", "is_numeric", "tensors_from_arrow",
+    "type_spec",
+]
 
 #: A batch of one column, dense or ragged.
 Tensor: TypeAlias = tf.Tensor | tf.RaggedTensor
@@ -280,6 +283,11 @@ def _list_children(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     offsets = arr.offsets.to_numpy()
     start, end = int(offsets[0]), int(offsets[-1])
     return arr.values.slice(start, end - start), (offsets - start).astype(np.int64, copy=False)
+
+
+def is_numeric(arrow_type: pa.DataType) -> bool:
+    """Whether ``arrow_type`` holds values of a numeric tensor (bool, integer or floating point)."""
+    return arrow_type in _NUMERIC_DTYPES
 
 
 def as_tensor(values: Any, splits: Sequence[Any]) -> Tensor:
