@@ -164,6 +164,16 @@ def test_null_lists_are_empty_and_null_scalars_are_refused(ray_local):
         list(tf_dataset(ray.data.from_arrow(table), features="x", batch_size=3))
 
 
+def test_pandas_blocks_are_refused_with_the_conversion_that_works(ray_local):
+    import pandas as pd
+
+    ds = ray.data.from_pandas(pd.DataFrame({"a": [1, 2, 3, 4]}))
+    with pytest.raises(SchemaError, match=r"the dataset's blocks are pandas .* batch_format='pyarrow'\)$"):
+        tf_dataset(ds, features="a", batch_size=2)
+    converted = ds.map_batches(lambda batch: batch, batch_format="pyarrow")
+    assert [b.numpy().tolist() for b in tf_dataset(converted, features="a", batch_size=2)] == [[1, 2], [3, 4]]
+
+
 def test_single_or_dict_features_and_no_label(ray_local):
     ds = ray.data.from_arrow(
         pa.table({"a": pa.array([1, 2, 3, 4]), "b": pa.array([5, 6, 7, 8]), "y": pa.array([0, 1, 0, 1])})
