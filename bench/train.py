@@ -82,7 +82,7 @@ SETS = {
 def _spec_of(t: pa.DataType):
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import type_spec
+    from ray_tfrecord.tf.tensors import type_spec
 
     spec = type_spec(t)
     return tf.TensorSpec(spec.shape, spec.dtype) if isinstance(spec, tf.TensorSpec) else spec

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ray_tfrecord.core.errors import SchemaError
-from ray_tfrecord.tf.feed import tensors_from_arrow, tf_dataset, type_spec
+from ray_tfrecord.tf.feed import tf_dataset
+from ray_tfrecord.tf.tensors import tensors_from_arrow, type_spec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -158,8 +159,19 @@ def test_null_lists_are_empty_and_null_scalars_are_refused(ray_local):
     table = pa.table({"tokens": pa.array([[1, 2], None, [3]], pa.list_(pa.int64())), "x": pa.array([1.0, None, 2.0])})
     tokens = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=3)))
     assert tokens.to_list() == [[1, 2], [], [3]]
-    with pytest.raises(Exception, match="null"):
+    # tf.data's generator op turns the SchemaError (a ValueError) into InvalidArgumentError.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="SchemaError: column 'x': 1 of the 3 rows .* are null"):
         list(tf_dataset(ray.data.from_arrow(table), features="x", batch_size=3))
+
+
+def test_pandas_blocks_are_refused_with_the_conversion_that_works(ray_local):
+    import pandas as pd
+
+    ds = ray.data.from_pandas(pd.DataFrame({"a": [1, 2, 3, 4]}))
+    with pytest.raises(SchemaError, match=r"the dataset's blocks are pandas .* batch_format='pyarrow'\)$"):
+        tf_dataset(ds, features="a", batch_size=2)
+    converted = ds.map_batches(lambda batch: batch, batch_format="pyarrow")
+    assert [b.numpy().tolist() for b in tf_dataset(converted, features="a", batch_size=2)] == [[1, 2], [3, 4]]
 
 
 def test_single_or_dict_features_and_no_label(ray_local):
@@ -181,7 +193,8 @@ def test_drop_remainder_and_steps_per_epoch(ray_local):
     short = tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=4)
     assert short.cardinality().numpy() == 4
     assert [b.numpy()[0] for b in short] == [0, 10, 20, 30]
-    with pytest.raises(Exception, match="only 10 full batches"):
+    # tf.data's generator op turns the RuntimeError into UnknownError.
+    with pytest.raises(tf.errors.UnknownError, match="RuntimeError: this shard gave only 10 full batches"):
         list(tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=11))
 
 

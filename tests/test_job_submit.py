@@ -31,7 +31,7 @@ import glob, json, os, ray
 def where():
     import ray_tfrecord, ray_tfrecord.core._native as native
     package = os.path.dirname(ray_tfrecord.__file__)
-    has_native = bool(glob.glob(package + "/_native*.so"))
+    has_native = bool(glob.glob(package + "/core/_native*.so"))
     return {"package": package, "native": native.__file__, "package_has_native": has_native}
 ray.init()
 print("PROBE " + json.dumps({"driver": where(), "worker": ray.get(ray.remote(where).remote())}))
@@ -163,7 +163,7 @@ def test_excludes_keeps_the_installed_package_in_use(head):
     for side in ("driver", "worker"):
         assert installed[side]["package"] == str(REPO / "ray_tfrecord")
         assert installed[side]["package_has_native"]
-        assert os.path.dirname(installed[side]["native"]) == installed[side]["package"]
+        assert os.path.dirname(installed[side]["native"]) == os.path.join(installed[side]["package"], "core")
 
 
 def test_digits_demo_runs_as_a_job(head):

@@ -27,6 +27,7 @@ import pyarrow as pa
 from ray.data import ActorPoolStrategy, Dataset, SaveMode
 
 from ray_tfrecord.core import options
+from ray_tfrecord.io.datasink import write_tfrecords
 
 __all__ = ["inference", "predict"]
 
@@ -56,7 +57,7 @@ class _Predictor:
         import tensorflow as tf
         import tf_keras
 
-        from ray_tfrecord.tf.feed import tensors_from_arrow
+        from ray_tfrecord.tf.tensors import tensors_from_arrow
 
         self._to_tensors = tensors_from_arrow
         self._defaults = defaults
@@ -164,13 +165,12 @@ def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mappin
     """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
     if not defaults:
         return
-    from ray_tfrecord.tf.feed import _plans_with_defaults
+    from ray_tfrecord.tf.tensors import arrow_schema, column_plans
 
-    schema = ds.schema(fetch_if_missing=False)
+    schema = arrow_schema(ds.schema(fetch_if_missing=False))
     if schema is None:
         return
-    schema = schema if isinstance(schema, pa.Schema) else schema.base_schema
-    _plans_with_defaults(schema, [features] if isinstance(features, str) else list(features), defaults)
+    column_plans(schema, [features] if isinstance(features, str) else list(features), defaults)
 
 
 def inference(
@@ -192,7 +192,7 @@ def inference(
     """Run :func:`predict` and write the keyed predictions to ``output_path``.
 
     ``output_format="tfrecord"`` writes ``tf.train.Example`` records with
-    :func:`ray_tfrecord.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
+    :func:`~ray_tfrecord.io.datasink.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
     writer.  ``mode`` says what to do when ``output_path`` already has data.
     """
     mode = options.mode(mode)
@@ -209,8 +209,6 @@ def inference(
         num_gpus=num_gpus,
     )
     if output_format == "tfrecord":
-        from ray_tfrecord import write_tfrecords
-
         write_tfrecords(out, output_path, mode=mode)
     elif output_format == "parquet":
         out.write_parquet(output_path, mode=SaveMode(mode))

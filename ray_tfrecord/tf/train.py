@@ -58,7 +58,7 @@ from ray.data import Dataset
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
-from ray_tfrecord.tf.feed import _warn_constant_length_lists
+from ray_tfrecord.tf.lint import warn_constant_length_lists
 
 __all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
 
@@ -135,7 +135,7 @@ def tensorflow_trainer(
     if datasets:
         _check_cpus_left_for_reads(num_workers, cpus_per_worker)
     for ds in datasets.values():
-        _warn_constant_length_lists(ds)
+        warn_constant_length_lists(ds)
     return TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config=dict(train_loop_config or {}),
@@ -145,7 +145,8 @@ def tensorflow_trainer(
             resources_per_worker={"CPU": cpus_per_worker},
         ),
         dataset_config=DataConfig(datasets_to_split="all"),
-        run_config=RunConfig(
+        # worker_runtime_env: ray.train.RunConfig is Train v2's (the default) at runtime, v1's to mypy.
+        run_config=RunConfig(  # type: ignore[call-arg]
             name=name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),
