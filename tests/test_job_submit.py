@@ -150,15 +150,16 @@ def _submit(head, runtime_env: str | None, *entrypoint: str, timeout: int = 360)
 def test_excludes_keeps_the_installed_package_in_use(head):
     """Why the README's command excludes ray_tfrecord from the upload.
 
-    The upload honours .gitignore, which drops ``*.so``, and puts the copy first on
-    the path of the driver and every worker: without the exclude, the job runs the
-    uploaded sources, beside no compiled codec (an editable install, as here, still
-    finds ``_native`` in the checkout; a regular install would fail to import it).
+    The upload honours .gitignore, which drops ``*.so``, and puts the copy first on the path of
+    the driver and every worker: without the exclude, the job imports the uploaded sources, beside
+    no compiled codec, and fails at ``import ray_tfrecord`` (the compiled codec lives in
+    ``ray_tfrecord/core/``, below where an editable install's finder still looks).
     """
-    shadowed = _probe(_submit(head, None, "python", "-c", PROBE, timeout=180))
-    for side in ("driver", "worker"):
-        assert "working_dir_files" in shadowed[side]["package"]
-        assert not shadowed[side]["package_has_native"]
+    shadowed = _submit(head, None, "python", "-c", PROBE, timeout=180)
+    output = shadowed.stdout + shadowed.stderr
+    assert shadowed.returncode != 0, output[-3000:]
+    assert re.search(r"working_dir_files/\S+/ray_tfrecord/core/codec\.py", output), output[-3000:]
+    assert "cannot import name '_native' from 'ray_tfrecord.core'" in output, output[-3000:]
     installed = _probe(_submit(head, EXCLUDE_PACKAGE_COPY, "python", "-c", PROBE, timeout=180))
     for side in ("driver", "worker"):
         assert installed[side]["package"] == str(REPO / "ray_tfrecord")
