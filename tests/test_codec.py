@@ -462,7 +462,7 @@ def test_encode_rejects_uint64_overflow_and_inexact_float64():
         codec.encode(pa.record_batch({"d": pa.array([[0.5], [0.25, 0.1]])}))
     assert e.value.column == "d" and str(e.value) == (
         "column 'd': float64 value 0.1 is not exactly representable as float32, TFRecord's only float type; "
-        "pass allow_float64_narrowing=True (CLI: --allow-float64-narrowing) to round it, or cast the column to float32")
+        "pass allow_float64_narrowing=True to round it, or cast the column to float32")
     enc = codec.encode(pa.record_batch({"d": pa.array([0.5, 0.1, math.nan, math.inf])}), allow_float64_narrowing=True)
     chunk = next(iter_chunks(io.BytesIO(bytes(enc.data)), path="m"))
     assert ref.decode_example(bytes(chunk.record(1)))["d"] == ("float_list", [f32(0.1)])

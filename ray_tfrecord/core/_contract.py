@@ -30,13 +30,14 @@ def is_malformed(status: int) -> bool:
 
 
 class DecodeSpec(NamedTuple):
-    """One column for ``_native.decode``."""
+    """One column for ``_native.Decoder``."""
 
     name: bytes
     kind: Kind
     shape: Shape
     fixed_size: int
     section: Section
+    nullable: bool
 
 
 class EncodeColumn(NamedTuple):

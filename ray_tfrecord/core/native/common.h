@@ -130,6 +130,8 @@ typedef struct {
 #define RT_POOL_MIN ((size_t)256 << 10)
 RT_API void *rt_pool_alloc(size_t want, size_t *cap);
 RT_API void rt_pool_free(void *p, size_t cap);
+/* Bytes the pool holds for reuse (at most RT_POOL_BYTES), in all threads' caches. */
+RT_API size_t rt_pool_held(void);
 
 /* Afterwards b->p is never NULL, so callers may form b->p + b->len even to write nothing. */
 static RT_MAYBE_UNUSED int buf_reserve(Buf *b, size_t extra) {

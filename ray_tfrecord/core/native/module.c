@@ -10,8 +10,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <structmember.h>
+
 #include <limits.h>
 #include <stdarg.h>
+#include <time.h>
 
 #define RT_API static
 #include "pool.c"
@@ -21,6 +24,7 @@
 #include "decode.c"
 #include "inspect.c"
 #include "encode.c"
+#include "arrow.c"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory the cores allocated, owned by a Python object from here on                 */
@@ -69,11 +73,6 @@ static PyObject *buf_to_py(Buf *b) {
     return (PyObject *)o;
 }
 
-static PyObject *maybe_buf(Buf *b) {
-    if (!b->p) Py_RETURN_NONE;
-    return buf_to_py(b);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Named results                                                                               */
 
@@ -91,16 +90,6 @@ static PyStructSequence_Field frame_error_fields[] = {
     {"offset", "where the record's header starts in the buffer"},
     {"length", "what the length field claims (TRUNCATED_DATA, BAD_DATA_CRC)"},
     {"available", "the bytes left after the header (TRUNCATED_HEADER: the bytes left)"},
-    {NULL, NULL}};
-static PyStructSequence_Field decoded_fields[] = {
-    {"validity", "validity bitmap, or None when no row is null"},
-    {"null_count", "null rows"},
-    {"row_offsets", "int32 offsets of each row (list and sequence shapes), else None"},
-    {"inner_offsets", "int32 offsets of each step (sequence shape), else None"},
-    {"values", "int64 or float32 values, or for bytes the int32 offsets into data"},
-    {"data", "bytes values, or None"},
-    {"value_count", "values in all rows"},
-    {"step_count", "steps in all rows (sequence shape)"},
     {NULL, NULL}};
 static PyStructSequence_Field inspected_fields[] = {
     {"name", "the feature's name"},
@@ -123,15 +112,13 @@ static PyStructSequence_Field byte_array_fields[] = {
 static PyStructSequence_Desc scan_desc = {"ray_tfrecord.core._native.ScanResult", "What scan() found.", scan_fields, 7};
 static PyStructSequence_Desc frame_error_desc = {"ray_tfrecord.core._native.FrameError", "A framing defect.",
                                                  frame_error_fields, 4};
-static PyStructSequence_Desc decoded_desc = {"ray_tfrecord.core._native.DecodedColumn",
-                                             "One column's Arrow buffers, from decode().", decoded_fields, 8};
 static PyStructSequence_Desc inspected_desc = {"ray_tfrecord.core._native.InspectedColumn",
                                                "One feature's statistics, from inspect().", inspected_fields, 7};
 static PyStructSequence_Desc encoded_desc = {"ray_tfrecord.core._native.Encoded", "What encode() wrote.", encoded_fields, 2};
 static PyStructSequence_Desc byte_array_desc = {"ray_tfrecord.core._native.ByteArray",
                                                 "Records' payloads as one binary column.", byte_array_fields, 2};
 
-static PyTypeObject *ScanResultType, *FrameErrorType, *DecodedColumnType, *InspectedColumnType, *EncodedType,
+static PyTypeObject *ScanResultType, *FrameErrorType, *InspectedColumnType, *EncodedType,
     *ByteArrayType;
 
 /* A struct sequence of type from Py_BuildValue's fmt (a tuple format; N steals as usual). */
@@ -322,67 +309,227 @@ static void raise_record_error(const Ctx *ctx, const rt_table *names) {
     Py_XDECREF(name);
 }
 
-static PyObject *py_decode(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *b, *p, *l, *spec;
+/* A decode's result: the chunk's record batch as an Arrow C data interface array and schema,
+ * handed to pyarrow (once) through the PyCapsule protocol's __arrow_c_array__. */
+typedef struct {
+    PyObject_HEAD
+    struct ArrowArray array;
+    struct ArrowSchema schema;
+    int null_column;
+} BatchObject;
+
+static void batch_dealloc(BatchObject *self) {
+    if (self->array.release) self->array.release(&self->array);
+    if (self->schema.release) self->schema.release(&self->schema);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void array_capsule_free(PyObject *capsule) {
+    struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (a && a->release) a->release(a);
+    PyMem_Free(a);
+}
+
+static void schema_capsule_free(PyObject *capsule) {
+    struct ArrowSchema *s = PyCapsule_GetPointer(capsule, "arrow_schema");
+    if (s && s->release) s->release(s);
+    PyMem_Free(s);
+}
+
+/* The (schema, array) capsules, moving the batch into them: a batch is imported once. The
+ * requested schema is ignored, as the protocol allows: the codec casts what it must itself. */
+static PyObject *batch_arrow_c_array(BatchObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"requested_schema", NULL};
+    PyObject *requested = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &requested)) return NULL;
+    if (!self->array.release) {
+        PyErr_SetString(PyExc_ValueError, "the batch was already imported");
+        return NULL;
+    }
+    struct ArrowArray *a = PyMem_Malloc(sizeof(*a));
+    struct ArrowSchema *sc = PyMem_Malloc(sizeof(*sc));
+    PyObject *ac = a ? PyCapsule_New(a, "arrow_array", array_capsule_free) : NULL;
+    PyObject *scc = sc && ac ? PyCapsule_New(sc, "arrow_schema", schema_capsule_free) : NULL;
+    if (!scc) {
+        if (ac) {
+            a->release = NULL; /* the capsule frees a, and the batch still owns its contents */
+            Py_DECREF(ac);
+        } else {
+            PyMem_Free(a);
+        }
+        PyMem_Free(sc);
+        return PyErr_NoMemory();
+    }
+    *a = self->array;
+    *sc = self->schema;
+    self->array.release = NULL;
+    self->schema.release = NULL;
+    return Py_BuildValue("(NN)", scc, ac);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"__arrow_c_array__", (PyCFunction)(void (*)(void))batch_arrow_c_array, METH_VARARGS | METH_KEYWORDS,
+     "__arrow_c_array__(requested_schema=None) -> (schema capsule, array capsule); once per batch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef batch_members[] = {
+    {"null_column", T_INT, offsetof(BatchObject, null_column), READONLY,
+     "the first column declared not nullable that holds a null row, -1 if none"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_methods = batch_methods,
+    .tp_members = batch_members,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A decoded chunk as an Arrow struct array (pa.record_batch(batch) imports it, once).",
+};
+
+/* A decoder for one schema: the columns' specs and the name table, built once and then only read,
+ * so several threads may decode with it at once. */
+typedef struct {
+    PyObject_HEAD
+    Cols tmpl;
+    PyObject *names; /* the columns' names (bytes), which tmpl's table borrows */
+    uint8_t *not_null;
     int rtype;
-    if (!PyArg_ParseTuple(args, "OOOiO", &b, &p, &l, &rtype, &spec)) return NULL;
+    unsigned long long nogil_ns;
+} DecoderObject;
+
+static void decoder_dealloc(DecoderObject *self) {
+    rt_decode_free(&self->tmpl);
+    Py_XDECREF(self->names);
+    PyMem_Free(self->not_null);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"columns", "record_type", NULL};
+    PyObject *spec;
+    int rtype;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype)) return NULL;
+    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE) {
+        PyErr_SetString(PyExc_ValueError, "a Decoder decodes Example or SequenceExample records");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) return NULL;
+    DecoderObject *self = (DecoderObject *)type->tp_alloc(type, 0);
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    if (!self) goto fail;
+    self->rtype = rtype;
+    rt_status st = rt_decode_init(&self->tmpl, ncols > INT_MAX ? INT_MAX : (int)ncols);
+    if (st != RT_OK || ncols > INT_MAX) {
+        raise_status(st != RT_OK ? st : RT_BAD_SPEC);
+        goto fail;
+    }
+    if (!(self->names = PyList_New(ncols)) || !(self->not_null = PyMem_Calloc((size_t)(ncols ? ncols : 1), 1))) {
+        if (self->names) PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        int kind, shape, section, nullable;
+        long long fixed_n;
+        if (!name) goto fail;
+        PyList_SET_ITEM(self->names, i, name);
+        if (attr_int(col, "kind", &kind) || attr_int(col, "shape", &shape) || attr_ll(col, "fixed_size", &fixed_n) ||
+            attr_int(col, "section", &section) || attr_int(col, "nullable", &nullable))
+            goto fail;
+        self->not_null[i] = !nullable;
+        st = rt_decode_add_column(&self->tmpl, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
+                                  kind, shape, fixed_n, section);
+        if (st != RT_OK) {
+            raise_status(st);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return (PyObject *)self;
+fail:
+    Py_XDECREF(self);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+/* Decoding and assembling the batch both run without the GIL: what is left with it is argument
+ * parsing and one import into pyarrow, whatever the number of columns. */
+static PyObject *decoder_decode(DecoderObject *self, PyObject *args) {
+    PyObject *b, *p, *l;
+    if (!PyArg_ParseTuple(args, "OOO", &b, &p, &l)) return NULL;
     Spans s;
     if (spans_get(b, p, l, &s)) return NULL;
-    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
-    if (!seq) {
+    BatchObject *batch = PyObject_New(BatchObject, &BatchType);
+    if (!batch) {
         spans_release(&s);
         return NULL;
     }
-    PyObject *result = NULL, *names = NULL; /* names keeps the columns' names alive */
+    batch->array.release = NULL;
+    batch->schema.release = NULL;
+    batch->null_column = -1;
     Cols cs;
-    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
-    rt_status st = rt_decode_init(&cs, ncols > INT_MAX ? INT_MAX : (int)ncols);
-    if (st != RT_OK || ncols > INT_MAX) {
-        raise_status(st != RT_OK ? st : RT_BAD_SPEC);
-        goto done;
-    }
-    if (!(names = PyList_New(ncols))) goto done;
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
-        int kind, shape, section;
-        long long fixed_n;
-        if (!name) goto done;
-        PyList_SET_ITEM(names, i, name);
-        if (attr_int(col, "kind", &kind) || attr_int(col, "shape", &shape) || attr_ll(col, "fixed_size", &fixed_n) ||
-            attr_int(col, "section", &section))
-            goto done;
-        st = rt_decode_add_column(&cs, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name), kind,
-                                  shape, fixed_n, section);
-        if (st != RT_OK) {
-            raise_status(st);
-            goto done;
-        }
-    }
     Ctx ctx = {.record = -1};
-    int rc;
+    int rc = 0;
+    rt_status st;
+    unsigned long long t0 = now_ns();
     Py_BEGIN_ALLOW_THREADS
-    rc = rt_decode_records(&ctx, &cs, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        raise_record_error(&ctx, &cs.names);
-        goto done;
+    st = rt_decode_start(&cs, &self->tmpl);
+    if (st == RT_OK) {
+        rc = rt_decode_records(&ctx, &cs, self->rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
+        for (int i = 0; !rc && i < cs.ncols && batch->null_column < 0; i++)
+            if (self->not_null[i] && cs.cols[i].nulls) batch->null_column = i;
+        if (!rc) st = rt_arrow_schema(&cs, self->not_null, &batch->schema);
+        if (!rc && st == RT_OK) st = rt_arrow_export(&cs, &batch->array);
     }
-    result = PyList_New(ncols);
-    for (Py_ssize_t i = 0; result && i < ncols; i++) {
-        Col *c = &cs.cols[i];
-        PyObject *valid = c->nulls ? buf_to_py(&c->valid) : Py_NewRef(Py_None);
-        PyObject *t = new_struct(DecodedColumnType, "(NLNNNNLL)", valid, (long long)c->nulls, maybe_buf(&c->rowoff),
-                                 maybe_buf(&c->inner), buf_to_py(&c->vals), maybe_buf(&c->data), (long long)c->nvals,
-                                 (long long)c->ninner);
-        if (!t) Py_CLEAR(result);
-        else PyList_SET_ITEM(result, i, t);
-    }
-done:
     rt_decode_free(&cs);
-    Py_XDECREF(names);
-    Py_DECREF(seq);
+    Py_END_ALLOW_THREADS
+    self->nogil_ns += now_ns() - t0;
     spans_release(&s);
-    return result;
+    if (rc || st != RT_OK) {
+        if (rc) raise_record_error(&ctx, &self->tmpl.names);
+        else raise_status(st);
+        Py_DECREF(batch);
+        return NULL;
+    }
+    return (PyObject *)batch;
+}
+
+static PyMethodDef decoder_methods[] = {
+    {"decode", (PyCFunction)decoder_decode, METH_VARARGS,
+     "decode(buffer, positions, lengths) -> Batch: the records at positions (payload lengths) in buffer"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef decoder_members[] = {
+    {"nogil_ns", T_ULONGLONG, offsetof(DecoderObject, nogil_ns), READONLY,
+     "nanoseconds all decode calls together spent without the GIL"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Decoder",
+    .tp_basicsize = sizeof(DecoderObject),
+    .tp_dealloc = (destructor)decoder_dealloc,
+    .tp_new = decoder_new,
+    .tp_methods = decoder_methods,
+    .tp_members = decoder_members,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Decoder(columns, record_type): columns are objects with name, kind, shape, fixed_size, section,\n"
+              "nullable (a DecodeSpec); record_type an Example or SequenceExample code.",
+};
+
+static PyObject *py_pool_held(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    return PyLong_FromSize_t(rt_pool_held());
 }
 
 static PyObject *py_inspect(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -535,9 +682,7 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))py_scan, METH_VARARGS | METH_KEYWORDS,
      "scan(buffer, verify=True, final=True, skip=False, limit=-1, resync=False) -> ScanResult"},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int"},
-    {"decode", py_decode, METH_VARARGS,
-     "decode(buffer, positions, lengths, record_type, columns) -> list[DecodedColumn]\n"
-     "columns: objects with name, kind, shape, fixed_size, section (a DecodeSpec)."},
+    {"pool_held", py_pool_held, METH_NOARGS, "pool_held() -> int: bytes of recycled buffers kept for reuse"},
     {"inspect", py_inspect, METH_VARARGS, "inspect(buffer, positions, lengths, record_type) -> list[InspectedColumn]"},
     {"byte_array", py_byte_array, METH_VARARGS, "byte_array(buffer, positions, lengths) -> ByteArray"},
     {"encode", py_encode, METH_VARARGS,
@@ -599,14 +744,17 @@ static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *des
 
 PyMODINIT_FUNC PyInit__native(void) {
     rt_crc_init();
-    if (PyType_Ready(&NativeBufferType) < 0) return NULL;
+    if (PyType_Ready(&NativeBufferType) < 0 || PyType_Ready(&BatchType) < 0 || PyType_Ready(&DecoderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     CodecError = PyErr_NewException("ray_tfrecord.core._native.CodecError", PyExc_ValueError, NULL);
     if (!CodecError || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&NativeBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
+        PyModule_AddObjectRef(m, "Decoder", (PyObject *)&DecoderType) < 0 ||
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
-        add_type(m, &DecodedColumnType, &decoded_desc) || add_type(m, &InspectedColumnType, &inspected_desc) ||
+        add_type(m, &InspectedColumnType, &inspected_desc) ||
         add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
         add_constants(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
         Py_DECREF(m);
