@@ -15,7 +15,16 @@ TensorFlow are imported when the names that need them are first used.
 
 from importlib import import_module
 
-from .core.codec import BYTE_ARRAY_SCHEMA, EncodedRecords, RecordType, check_encodable, decode, decode_records, encode
+from .core.codec import (
+    BYTE_ARRAY_SCHEMA,
+    Decoder,
+    EncodedRecords,
+    RecordType,
+    check_encodable,
+    decode,
+    decode_records,
+    encode,
+)
 from .core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
 from .core.schema import infer_schema
 
@@ -30,7 +39,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "EncodedRecords", "NotTFRecordError", "RecordType",
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "NotTFRecordError", "RecordType",
     "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode", "infer_schema", *_LAZY,
 ]
 
