@@ -29,7 +29,8 @@ def _fmt(v, digits=0):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS + OPTIONAL_SECTIONS))
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help="comma-separated sections: " + ", ".join(SECTIONS + OPTIONAL_SECTIONS))
     ap.add_argument("--quick", action="store_true", help="small datasets (smoke run)")
     ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=None,
                     help="codec: comma-separated thread counts to decode on (default 1, 2, 4, ... up to the CPUs)")

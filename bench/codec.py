@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pyarrow as pa
 
@@ -81,7 +82,7 @@ def _thread_rows(ctx: BenchContext, dataset: str, schema: pa.Schema, nrows: int,
     for t in threads:
         files = ctx.repeated(dataset, t)
         _decode_threads(files, decoder, t)  # warm: the page cache and the buffer pool
-        seconds = _best(lambda: _decode_threads(files, decoder, t))
+        seconds = _best(partial(_decode_threads, files, decoder, t))
         rate = nrows * t / seconds
         first = first or (t, rate)
         note = (f"GIL held {gil_share(ctx.files(dataset), schema):.1%} of decode" if t == 1 else
@@ -162,11 +163,11 @@ def run(ctx: BenchContext, threads: list[int] | None = None) -> list[dict]:
                                         ("image", ctx.image_schema, ctx.image_rows, image_table)]:
         files, nbytes = ctx.files(dataset), ctx.bytes(dataset)
         assert _decode_native(files, schema) == nrows
-        t_native = _best(lambda: _decode_native(files, schema))
-        t_tf = _best(lambda: _decode_tf(files, schema), repeat=2)
-        t_tf1 = _best(lambda: _decode_tf(files, schema, batched=False), repeat=1)
+        t_native = _best(partial(_decode_native, files, schema))
+        t_tf = _best(partial(_decode_tf, files, schema), repeat=2)
+        t_tf1 = _best(partial(_decode_tf, files, schema, batched=False), repeat=1)
         sample = _payloads(files, PY_SAMPLE)
-        t_pb = _best(lambda: _decode_protobuf(sample), repeat=1)
+        t_pb = _best(partial(_decode_protobuf, sample), repeat=1)
         out += [
             _row(dataset, "decode: ray_tfrecord native (codec.decode)", nrows, t_native, nbytes,
                  f"{t_tf / t_native:.1f}x batched tf.data, {t_tf1 / t_native:.0f}x per-record tf.data, "
@@ -179,9 +180,9 @@ def run(ctx: BenchContext, threads: list[int] | None = None) -> list[dict]:
                  nbytes * len(sample) / nrows, f"{len(sample):,}-row sample"),
         ]
         table = make(nrows)
-        t_enc = _best(lambda: _encode_native(table, f"{ctx.tmp}/enc.tfrecord"))
+        t_enc = _best(partial(_encode_native, table, f"{ctx.tmp}/enc.tfrecord"))
         rows = table.slice(0, PY_SAMPLE).to_pylist()
-        t_py = _best(lambda: _encode_python(rows, table.schema, f"{ctx.tmp}/py.tfrecord"), repeat=1)
+        t_py = _best(partial(_encode_python, rows, table.schema, f"{ctx.tmp}/py.tfrecord"), repeat=1)
         out += [
             _row(dataset, "encode: ray_tfrecord native", nrows, t_enc, nbytes,
                  f"{(t_py / len(rows)) / (t_enc / nrows):.0f}x tf.train.Example"),

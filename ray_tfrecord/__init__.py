@@ -39,8 +39,9 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "NotTFRecordError", "RecordType",
-    "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode", "infer_schema", *_LAZY,
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "NotTFRecordError",
+    "RecordType", "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode",
+    "infer_schema", *_LAZY,
 ]
 
 

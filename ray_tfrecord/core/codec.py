@@ -216,6 +216,7 @@ def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
     # between, so the bytes before a payload may be anything: the previous record's tail, or (at
     # the start of the data, nothing being there) a copy's gap.
     data = arr.buffers()[2]
+    buffer: memoryview | np.ndarray
     if start >= HEADER_BYTES:
         buffer = memoryview(data)[start - HEADER_BYTES : end]
     else:
@@ -295,7 +296,7 @@ def _leaf_values(leaf: pa.Array, kind: Kind, column: str, narrowing: _Narrowing,
             raise TFRecordError(f"uint64 value {leaf[row].as_py()} (element {row}) exceeds the int64 range of "
                                 "int64_list", column=column)
         leaf = leaf.cast(pa.int64())
-        dtype = np.int64
+        dtype: type[np.int64 | np.float32] = np.int64
     elif _decimal.is_decimal(t):
         return _decimal_values(leaf, column, narrowing.decimal, row_of), None
     else:
@@ -305,8 +306,8 @@ def _leaf_values(leaf: pa.Array, kind: Kind, column: str, narrowing: _Narrowing,
             if len(leaf) and not pc.all(exact).as_py():
                 row = first_true(pc.invert(exact))
                 raise TFRecordError(f"float64 value {leaf[row].as_py()!r} is not exactly representable as float32, "
-                                    "TFRecord's only float type; pass allow_float64_narrowing=True to round it, or cast the column to float32",
-                                    column=column)
+                                    "TFRecord's only float type; pass allow_float64_narrowing=True to round it, or "
+                                    "cast the column to float32", column=column)
         leaf = leaf.cast(pa.float32(), safe=False)
         dtype = np.float32
     return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None
@@ -360,7 +361,7 @@ def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Nar
         arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None
     rowoff = inner = None
-    row_of = int
+    row_of: Callable[[int], int] = int
     if shape == Shape.SCALAR:
         leaf = arr
     elif shape == Shape.FIXED:
@@ -411,4 +412,4 @@ def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example"
     else:
         cols = [_encode_column(f, batch.column(i), record_type, narrowing) for i, f in enumerate(batch.schema)]
     enc = _native.encode(rtype, batch.num_rows, cols)
-    return EncodedRecords(memoryview(enc.data), np.frombuffer(enc.offsets, np.int64))
+    return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))

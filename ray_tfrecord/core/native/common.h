@@ -128,6 +128,7 @@ typedef struct {
  * memory from rt_pool_alloc may be released with free() or rt_pool_free(p, cap), the latter
  * recycling it. */
 #define RT_POOL_MIN ((size_t)256 << 10)
+#define RT_POOL_BYTES ((size_t)256 << 20) /* the most the pool holds, in all threads together */
 RT_API void *rt_pool_alloc(size_t want, size_t *cap);
 RT_API void rt_pool_free(void *p, size_t cap);
 /* Bytes the pool holds for reuse (at most RT_POOL_BYTES), in all threads' caches. */

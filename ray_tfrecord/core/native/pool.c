@@ -31,7 +31,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define RT_POOL_BYTES ((size_t)256 << 20)
 #define RT_POOL_SLOTS 32
 #define RT_POOL_LOCAL 4
 #define RT_POOL_HOT ((size_t)64 << 20) /* glibc's own largest trim threshold */
