@@ -307,8 +307,11 @@ static void check_export(Cols *cs, const uint8_t *not_null, int move) {
         CHECK(c->flags == (not_null[i] ? 0 : ARROW_FLAG_NULLABLE));
         CHECK(a.children[i]->length == cs->nrecords && a.children[i]->null_count == cs->cols[i].nulls);
         check_arrow(a.children[i], c);
-        /* its buffers are the array's now: the columns keep none */
-        CHECK(!cs->cols[i].vals.p && !cs->cols[i].data.p && !cs->cols[i].valid.p);
+        /* every buffer its layout uses is the array's now (or, a bitmap without nulls, freed) */
+        const Col *col = &cs->cols[i];
+        int list = col->shape == S_LIST || col->shape == S_SEQ;
+        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQ || !col->inner.p));
+        CHECK((col->kind == K_NULL || !col->vals.p) && (col->kind != K_BYTES || !col->data.p));
     }
     if (move && a.n_children) {
         struct ArrowArray col = *a.children[0];

@@ -19,6 +19,7 @@ from .core.codec import (
     BYTE_ARRAY_SCHEMA,
     Decoder,
     EncodedRecords,
+    Encoder,
     RecordType,
     check_encodable,
     decode,
@@ -39,7 +40,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "NotTFRecordError",
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "Encoder",
+    "NotTFRecordError",
     "RecordType", "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode",
     "infer_schema", *_LAZY,
 ]

@@ -92,7 +92,9 @@ def test_encode_reads_its_columns_by_name():
     assert np.frombuffer(enc.offsets, np.int64).tolist() == [0, len(enc.data) // 2]
     found = _native.scan(bytes(enc.data))
     assert (found.error_count, found.consumed, found.need, found.resyncing) == (0, len(enc.data), 0, False)
-    with pytest.raises(ValueError, match=r"^column b'v': fewer values than rows$"):
+    with pytest.raises(_native.CodecError, match=r"^column b'v': fewer values than rows$") as info:
         _native.encode(RecordTypeCode.EXAMPLE, 3, [col])
+    assert type(info.value) is _native.CodecError
+    assert (info.value.status, info.value.column, info.value.record) == (Status.FEWER_VALUES_THAN_ROWS, b"v", -1)
     with pytest.raises(AttributeError):
         _native.encode(RecordTypeCode.EXAMPLE, 2, [tuple(col)])

@@ -15,7 +15,7 @@ import pytest
 
 import ray_tfrecord
 from ray_tfrecord.core import codec
-from ray_tfrecord.core.errors import DecodeError
+from ray_tfrecord.core.errors import DecodeError, SchemaError
 from ray_tfrecord.core.framing import iter_chunks
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("s", pa.binary()), ("ids", pa.list_(pa.int64())),
@@ -124,3 +124,26 @@ def test_release_callbacks_hand_buffers_back_to_the_pool():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_decode_keeps_each_schemas_field_metadata():
+    plain = pa.schema([pa.field("id", pa.int64())])
+    tagged = pa.schema([pa.field("id", pa.int64(), metadata={"unit": "m"})])
+    assert plain == tagged and hash(plain) == hash(tagged)  # what makes the decoder cache need a check
+    (chunk,) = chunks_of(pa.table({"id": [1, 2]}))
+    for schema in [plain, tagged, plain]:
+        assert codec.decode(chunk, schema).schema.equals(schema, check_metadata=True)
+
+
+def test_encoder_is_built_once_and_refuses_another_schema():
+    t = table(50, 3)
+    encoder = codec.Encoder(SCHEMA)
+    assert ray_tfrecord.Encoder is codec.Encoder and "Encoder" in ray_tfrecord.__all__
+    enc = encoder.encode(t)
+    assert bytes(enc.data) == bytes(codec.encode(t).data) and len(enc) == 50
+    (chunk,) = list(iter_chunks(io.BytesIO(bytes(enc.data)), path="m"))
+    assert codec.Decoder(SCHEMA).decode(chunk).equals(t.combine_chunks().to_batches()[0])
+    with pytest.raises(SchemaError, match="this encoder writes batches of"):
+        encoder.encode(t.select(["id"]))
+    with pytest.raises(SchemaError, match="column 'm'"):
+        codec.Encoder(pa.schema([("m", pa.map_(pa.string(), pa.int64()))]))

@@ -23,7 +23,8 @@ class Buffer:
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class CodecError(ValueError):
-    """A record the core could not decode or inspect; str() is the status's message."""
+    """A record the core could not decode or inspect (str() is the status's message), or a column's
+    buffers it could not encode (str() names the column)."""
 
     status: int
     record: int

@@ -181,7 +181,11 @@ def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Exa
     is malformed or a feature does not fit its column. A :class:`Decoder` kept for the schema does
     the same without looking one up per chunk.
     """
-    return _decoder(schema, record_type).decode(chunk)
+    decoder = _decoder(schema, record_type)
+    if decoder.schema is not schema and not decoder.schema.equals(schema, check_metadata=True):
+        # Schemas that differ only in field metadata are equal, and hash alike, to the cache.
+        decoder = Decoder(schema, record_type)
+    return decoder.decode(chunk)
 
 
 def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArray, schema: pa.Schema,
@@ -355,8 +359,8 @@ def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
     return row
 
 
-def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Narrowing) -> EncodeColumn:
-    kind, shape, n = column_spec(f, record_type)
+def _encode_column(f: pa.Field, arr: pa.Array, spec: tuple[Kind, Shape, int], narrowing: _Narrowing) -> EncodeColumn:
+    kind, shape, n = spec
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     valid = arr.buffers()[0] if arr.null_count else None
@@ -387,29 +391,61 @@ def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Nar
     return EncodeColumn(f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
 
 
+class Encoder:
+    """Encodes record batches of one ``schema`` into framed records (CRCs included), one record a row.
+
+    Built once per schema (the schema checked and each column's TFRecord form worked out once),
+    it encodes each batch in one native call. Null cells become missing features. Raises
+    :class:`SchemaError` for a column type with no TFRecord form; :meth:`encode` raises
+    :class:`TFRecordError` for values that cannot be written without loss: ``float64`` and decimal
+    values with no exact float32 form, unless ``allow_float64_narrowing`` /
+    ``allow_decimal_narrowing`` (then they are rounded to the nearest float32).
+
+    >>> import pyarrow as pa
+    >>> batch = pa.record_batch({"id": pa.array([1, 2]), "x": pa.array([0.5, None])})
+    >>> len(Encoder(batch.schema).encode(batch))
+    2
+    """
+
+    def __init__(self, schema: pa.Schema, record_type: RecordType = "Example", *,
+                 allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> None:
+        check_encodable(schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
+        self.schema = schema
+        self.record_type = record_type
+        self._rtype = record_type_code(record_type)
+        self._narrowing = _Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
+        self._specs = ([] if self._rtype == RecordTypeCode.BYTE_ARRAY
+                       else [column_spec(f, record_type) for f in schema])
+
+    def encode(self, batch: pa.RecordBatch | pa.Table) -> EncodedRecords:
+        """Every row of ``batch`` (with the encoder's column names and types) as one framed record."""
+        if batch.schema.names != self.schema.names or batch.schema.types != self.schema.types:
+            raise SchemaError(f"this encoder writes batches of {self.schema}, not {batch.schema}")
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
+                [], schema=batch.schema)
+        if self._rtype == RecordTypeCode.BYTE_ARRAY:
+            arr, name = batch.column(0), self.schema[0].name
+            if arr.null_count:
+                raise TFRecordError(f"null record at row {first_true(arr.is_null())}", column=name)
+            vals, data = _leaf_values(arr, Kind.BYTES, name, self._narrowing)
+            cols = [EncodeColumn(name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
+        else:
+            cols = [_encode_column(f, batch.column(i), spec, self._narrowing)
+                    for i, (f, spec) in enumerate(zip(self.schema, self._specs))]
+        enc = _native.encode(self._rtype, batch.num_rows, cols)
+        return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))
+
+
+@functools.lru_cache(maxsize=64)
+def _encoder(schema: pa.Schema, record_type: RecordType, allow_float64_narrowing: bool,
+             allow_decimal_narrowing: bool) -> Encoder:
+    return Encoder(schema, record_type, allow_float64_narrowing=allow_float64_narrowing,
+                   allow_decimal_narrowing=allow_decimal_narrowing)
+
+
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
            allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
-    """Encode every row of ``batch`` as one framed record (CRCs included).
-
-    Null cells become missing features. Raises :class:`SchemaError` for a column type with no
-    TFRecord form, :class:`TFRecordError` for values that cannot be written without loss:
-    ``float64`` and decimal values with no exact float32 form, unless
-    ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
-    nearest float32).
-    """
-    if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
-            [], schema=batch.schema)
-    check_encodable(batch.schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
-    rtype = record_type_code(record_type)
-    narrowing = _Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
-    if rtype == RecordTypeCode.BYTE_ARRAY:
-        arr = batch.column(0)
-        if arr.null_count:
-            raise TFRecordError(f"null record at row {first_true(arr.is_null())}", column=batch.schema[0].name)
-        vals, data = _leaf_values(arr, Kind.BYTES, batch.schema[0].name, narrowing)
-        cols = [EncodeColumn(batch.schema[0].name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
-    else:
-        cols = [_encode_column(f, batch.column(i), record_type, narrowing) for i, f in enumerate(batch.schema)]
-    enc = _native.encode(rtype, batch.num_rows, cols)
-    return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))
+    """Encode every row of ``batch`` as one framed record (CRCs included), as an :class:`Encoder`
+    for its schema does (one is kept per schema)."""
+    return _encoder(batch.schema, record_type, allow_float64_narrowing, allow_decimal_narrowing).encode(batch)

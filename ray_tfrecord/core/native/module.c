@@ -141,9 +141,11 @@ static PyObject *new_struct(PyTypeObject *type, const char *fmt, ...) {
 
 static PyObject *CodecError;
 
-/* Raises CodecError(message) with the core's error as attributes; column: the column's name. */
-static void raise_codec_error(const rt_error *e, PyObject *column) {
-    PyObject *exc = PyObject_CallFunction(CodecError, "s", rt_status_message(e->status));
+/* Raises CodecError(message) with the core's error as attributes; column: the column's name;
+ * message: the status's own when NULL. */
+static void raise_codec_error(const rt_error *e, PyObject *column, PyObject *message) {
+    PyObject *exc = message ? PyObject_CallOneArg(CodecError, message)
+                            : PyObject_CallFunction(CodecError, "s", rt_status_message(e->status));
     if (!exc) return;
     struct {
         const char *name;
@@ -305,7 +307,7 @@ static void raise_record_error(const Ctx *ctx, const rt_table *names) {
     }
     const rt_key *k = ctx->err.col >= 0 ? &names->keys[ctx->err.col] : NULL;
     PyObject *name = k ? PyBytes_FromStringAndSize((const char *)k->name, (Py_ssize_t)k->len) : NULL;
-    if (!k || name) raise_codec_error(&ctx->err, name);
+    if (!k || name) raise_codec_error(&ctx->err, name, NULL);
     Py_XDECREF(name);
 }
 
@@ -655,10 +657,15 @@ static PyObject *py_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     st = rt_encode(cols, (int)ncols, rtype, nrows, &out, &offs, &bad_col);
     Py_END_ALLOW_THREADS
     if (st != RT_OK) {
-        if (bad_col >= 0)
-            PyErr_Format(PyExc_ValueError, "column %R: %s", PyList_GET_ITEM(names, bad_col), rt_status_message(st));
-        else
+        if (bad_col >= 0) {
+            PyObject *name = PyList_GET_ITEM(names, bad_col),
+                     *msg = PyUnicode_FromFormat("column %R: %s", name, rt_status_message(st));
+            rt_error e = {.status = st, .record = -1, .col = bad_col, .offset = -1, .other_record = -1};
+            if (msg) raise_codec_error(&e, name, msg);
+            Py_XDECREF(msg);
+        } else {
             raise_status(st);
+        }
         goto done;
     }
     result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
