@@ -18,6 +18,7 @@ from ray_tfrecord.core.framing import RecordWriter, iter_chunks
 from .datasets import BenchContext, tf_feature_spec
 
 PY_SAMPLE = 5_000  # rows for the pure-Python peers (they are slow; rows/s is what we compare)
+THREAD_ROWS = 100_000  # rows each thread decodes at least, so that a thread's start-up does not count
 
 
 def _best(fn, repeat: int = 3) -> float:
@@ -74,21 +75,23 @@ def default_threads() -> list[int]:
 
 
 def _thread_rows(ctx: BenchContext, dataset: str, schema: pa.Schema, nrows: int, threads: list[int]) -> list[dict]:
-    """Decode on each thread count, every thread decoding the dataset's files once over (distinct
-    copies per thread, so the work grows with the threads and no two threads share a file)."""
+    """Decode on each thread count, every thread decoding the dataset's files over at least
+    THREAD_ROWS rows (distinct copies per thread, so the work grows with the threads and no two
+    threads share a file)."""
     decoder = codec.Decoder(schema)
-    nbytes = ctx.bytes(dataset)
+    passes = -(-THREAD_ROWS // nrows)
+    nbytes = ctx.bytes(dataset) * passes
     out, first = [], None
     for t in threads:
-        files = ctx.repeated(dataset, t)
+        files = ctx.repeated(dataset, t * passes)
         _decode_threads(files, decoder, t)  # warm: the page cache and the buffer pool
         seconds = _best(partial(_decode_threads, files, decoder, t))
-        rate = nrows * t / seconds
+        rate = nrows * passes * t / seconds
         first = first or (t, rate)
         note = (f"GIL held {gil_share(ctx.files(dataset), schema):.1%} of decode" if t == 1 else
                 f"{rate / first[1]:.2f}x {first[0]} thread{'s' if first[0] > 1 else ''}")
-        out.append(_row(dataset, f"decode: ray_tfrecord native, {t} thread{'s' if t > 1 else ''}", nrows * t, seconds,
-                        nbytes * t, note))
+        out.append(_row(dataset, f"decode: ray_tfrecord native, {t} thread{'s' if t > 1 else ''}", nrows * passes * t,
+                        seconds, nbytes * t, note))
     return out
 
 

@@ -7,7 +7,7 @@ installed), wrapped in each target's input format (see fuzz/fuzz_native.c):
 - decode_example / decode_sequence: a column spec, then records as [u16 length][payload].
 - inspect: a record-type byte, then records as above.
 - encode: generator bytes (the target builds Arrow-like buffers from them).
-- pool: 3-byte operations (slot, size) on the buffer pool.
+- pool: 3-byte operations (slot, size; bit 7 of the slot byte: on a new thread) on the buffer pool.
 
 Files named regression-* (inputs that once found a bug) are kept.
 
