@@ -79,6 +79,8 @@ def test_schema_details_the_native_batch_lacks_are_kept():
     (chunk,) = chunks_of(t)
     batch = codec.Decoder(meta).decode(chunk)
     assert batch.schema.equals(meta, check_metadata=True) and batch.to_pydict() == t.to_pydict()
+    tagged = pa.schema([pa.field("id", pa.int64())], metadata={"k": "v"})  # the batch as decoded, relabelled
+    assert codec.Decoder(tagged).decode(chunk).schema.equals(tagged, check_metadata=True)
     missing = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     with pytest.raises(DecodeError, match="not nullable") as e:
         codec.Decoder(missing).decode(chunk)

@@ -106,9 +106,11 @@ class Decoder:
              for f, (kind, shape, n) in zip(schema, specs)], self._rtype)
         native = pa.schema([pa.field(f.name, native_type(*spec), f.nullable) for f, spec in zip(schema, specs)])
         self._casts = [i for i, f in enumerate(schema) if f.type != native.field(i).type]
-        # The batch comes from native code ready to hand on when it has the schema's very types,
-        # names (native names end at a NUL) and metadata; otherwise its columns are re-wrapped.
-        self._exact = native.equals(schema, check_metadata=True) and not any("\0" in f.name for f in schema)
+        # The batch comes from native code ready to hand on (given the schema's own metadata) when
+        # it has the schema's very fields: types, names (native names end at a NUL), nullability,
+        # no field metadata; otherwise its columns are re-wrapped.
+        fields = pa.schema(list(schema))
+        self._exact = native.equals(fields, check_metadata=True) and not any("\0" in f.name for f in schema)
 
     @property
     def native_seconds(self) -> float:
@@ -130,7 +132,7 @@ class Decoder:
             raise _decode_error(e, chunk, self._types) from None
         batch = pa.record_batch(out)
         if self._exact and out.null_column < 0:
-            return batch
+            return batch if self.schema.metadata is None else batch.replace_schema_metadata(self.schema.metadata)
         arrays = batch.columns
         for i in self._casts:
             arrays[i] = cast(arrays[i], self.schema.field(i), chunk)
