@@ -35,6 +35,8 @@ class Status(IntEnum):
     MALFORMED_PACKED_FLOAT = _native.STATUS["MALFORMED_PACKED_FLOAT"]
     KIND_MISMATCH = _native.STATUS["KIND_MISMATCH"]
     COUNT_MISMATCH = _native.STATUS["COUNT_MISMATCH"]
+    NULL_INNER_LIST = _native.STATUS["NULL_INNER_LIST"]
+    NULL_LIST_ELEMENT = _native.STATUS["NULL_LIST_ELEMENT"]
     BYTES_TOO_LARGE = _native.STATUS["BYTES_TOO_LARGE"]
     TOO_MANY_VALUES = _native.STATUS["TOO_MANY_VALUES"]
     RECORDS_TOO_LARGE = _native.STATUS["RECORDS_TOO_LARGE"]
@@ -100,6 +102,15 @@ class DecodeSpec(NamedTuple):
     fixed_size: int
     section: Section
     nullable: bool
+
+
+class EncodeSpec(NamedTuple):
+    """One column for ``_native.Encoder``: its shape as ``DecodeSpec``'s (a fixed-size list is FIXED)."""
+
+    name: bytes
+    kind: Kind
+    shape: Shape
+    fixed_size: int
 
 
 class EncodeColumn(NamedTuple):

@@ -34,16 +34,15 @@ Example::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from . import _decimal, _native
+from . import _native
 from ._casts import cast, first_true
-from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
+from ._columns import Narrowing, encode_column, leaf_values, natively_readable, null_in_list
+from ._contract import DecodeSpec, EncodeColumn, EncodeSpec, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import HEADER_BYTES, RecordChunk
 from .options import RecordType
@@ -280,128 +279,19 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
         column_spec(f, record_type)
 
 
-def _leaf_values(leaf: pa.Array, kind: Kind, column: str, narrowing: _Narrowing,
-                 row_of: Callable[[int], int] = int) -> tuple:
-    """(values, data) buffers of a leaf array in the encoder's canonical layout; ``row_of`` maps a
-    leaf element to its row, for messages."""
-    t = leaf.type
-    if kind == Kind.NULL:
-        return None, None
-    if kind == Kind.BYTES:
-        if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
-            leaf = leaf.cast(pa.large_binary())
-        elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            leaf = leaf.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
-        bufs = leaf.buffers()
-        width = np.int64 if pa.types.is_large_binary(leaf.type) else np.int32
-        offsets = np.frombuffer(bufs[1], width, count=leaf.offset + len(leaf) + 1)[leaf.offset:]
-        return offsets.astype(np.int64), (bufs[2] if bufs[2] is not None else b"")
-    if kind == Kind.INT64:
-        if pa.types.is_uint64(t) and len(leaf) and pc.max(leaf).as_py() > 2**63 - 1:
-            row = first_true(pc.greater(leaf, pa.scalar(2**63 - 1, pa.uint64())))
-            raise TFRecordError(f"uint64 value {leaf[row].as_py()} (element {row}) exceeds the int64 range of "
-                                "int64_list", column=column)
-        leaf = leaf.cast(pa.int64())
-        dtype: type[np.int64 | np.float32] = np.int64
-    elif _decimal.is_decimal(t):
-        return _decimal_values(leaf, column, narrowing.decimal, row_of), None
-    else:
-        if pa.types.is_float64(t) and not narrowing.float64:
-            narrow = leaf.cast(pa.float32(), safe=False)
-            exact = pc.or_(pc.equal(narrow.cast(pa.float64()), leaf), pc.is_nan(leaf))
-            if len(leaf) and not pc.all(exact).as_py():
-                row = first_true(pc.invert(exact))
-                raise TFRecordError(f"float64 value {leaf[row].as_py()!r} is not exactly representable as float32, "
-                                    "TFRecord's only float type; pass allow_float64_narrowing=True to round it, or "
-                                    "cast the column to float32", column=column)
-        leaf = leaf.cast(pa.float32(), safe=False)
-        dtype = np.float32
-    return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None
-
-
-def _decimal_values(leaf: pa.Array, column: str, allow_decimal_narrowing: bool,
-                    row_of: Callable[[int], int]) -> np.ndarray:
-    values, inexact = _decimal.to_float32(leaf)
-    if not allow_decimal_narrowing and inexact.any():
-        i = int(np.flatnonzero(inexact)[0])
-        back = _decimal.text(_decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0], 0)
-        raise TFRecordError(f"decimal value {_decimal.text(leaf, i)} (row {row_of(i)}) has no exact float32 form, "
-                            f"TFRecord's only float type (it would read back as {back}); pass "
-                            "allow_decimal_narrowing=True to round it, or cast the "
-                            "column to float32", column=column)
-    return values
-
-
-def _offsets(arr: pa.Array) -> np.ndarray:
-    return arr.offsets.to_numpy().astype(np.int64)
-
-
-def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -> None:
-    part = arr.slice(lo, max(0, hi - lo))
-    if part.null_count:
-        i = first_true(part.is_null())
-        raise TFRecordError(f"null {what} at element {lo + i}; TFRecord lists cannot hold nulls (a null row is "
-                            "written as a missing feature)", column=column)
-
-
-class _Narrowing(NamedTuple):
-    """Which lossy conversions to float32 the caller allowed."""
-
-    float64: bool = False
-    decimal: bool = False
-
-
-def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
-    """Maps an element of a list column's leaf values to its row; ``levels``: the offsets from the
-    rows down, as the encoder has them."""
-    def row(i: int) -> int:
-        for offsets in reversed(levels):
-            i = int(np.searchsorted(offsets, i, "right")) - 1
-        return i
-    return row
-
-
-def _encode_column(f: pa.Field, arr: pa.Array, spec: tuple[Kind, Shape, int], narrowing: _Narrowing) -> EncodeColumn:
-    kind, shape, n = spec
-    if isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    valid = arr.buffers()[0] if arr.null_count else None
-    rowoff = inner = None
-    row_of: Callable[[int], int] = int
-    if shape == Shape.SCALAR:
-        leaf = arr
-    elif shape == Shape.FIXED:
-        leaf = arr.values
-        rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
-        row_of = _row_of(rowoff)
-        shape = Shape.LIST
-    else:
-        rowoff = _offsets(arr)
-        leaf = arr.values
-        row_of = _row_of(rowoff)
-        if shape == Shape.SEQUENCE:
-            steps = leaf
-            _no_nulls_between(steps, int(rowoff[0]), int(rowoff[-1]), f.name, "inner list")
-            inner = _offsets(steps)
-            leaf = steps.values
-            row_of = _row_of(rowoff, inner)
-            lo, hi = (int(inner[rowoff[0]]), int(inner[rowoff[-1]])) if len(arr) else (0, 0)
-        else:
-            lo, hi = (int(rowoff[0]), int(rowoff[-1])) if len(arr) else (0, 0)
-        _no_nulls_between(leaf, lo, hi, f.name, "list element")
-    vals, data = _leaf_values(leaf, kind, f.name, narrowing, row_of)
-    return EncodeColumn(f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
-
-
 class Encoder:
     """Encodes record batches of one ``schema`` into framed records (CRCs included), one record a row.
 
-    Built once per schema (the schema checked and each column's TFRecord form worked out once),
-    it encodes each batch in one native call. Null cells become missing features. Raises
-    :class:`SchemaError` for a column type with no TFRecord form; :meth:`encode` raises
-    :class:`TFRecordError` for values that cannot be written without loss: ``float64`` and decimal
-    values with no exact float32 form, unless ``allow_float64_narrowing`` /
-    ``allow_decimal_narrowing`` (then they are rounded to the nearest float32).
+    Built once per schema (the schema checked, each column's TFRecord form worked out and held by
+    the native encoder), it encodes each batch in one native call, which reads the batch through
+    the Arrow C data interface where a column's layout is already the encoder's (int64, float32,
+    binary or string values; lists, large lists, fixed-size lists of them); only other columns
+    (other widths, float64, decimals, extension types, ...) are converted in Python first. Null
+    cells become missing features. Raises :class:`SchemaError` for a column type with no TFRecord
+    form; :meth:`encode` raises :class:`TFRecordError` for values that cannot be written without
+    loss: a null inside a list, ``float64`` and decimal values with no exact float32 form, unless
+    ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
+    nearest float32).
 
     >>> import pyarrow as pa
     >>> batch = pa.record_batch({"id": pa.array([1, 2]), "x": pa.array([0.5, None])})
@@ -415,9 +305,16 @@ class Encoder:
         self.schema = schema
         self.record_type = record_type
         self._rtype = record_type_code(record_type)
-        self._narrowing = _Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
-        self._specs = ([] if self._rtype == RecordTypeCode.BYTE_ARRAY
-                       else [column_spec(f, record_type) for f in schema])
+        self._narrowing = Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
+        self._native: _native.Encoder | None = None
+        if self._rtype == RecordTypeCode.BYTE_ARRAY:
+            return
+        self._specs = [column_spec(f, record_type) for f in schema]
+        self._native = _native.Encoder([EncodeSpec(f.name.encode(), *spec) for f, spec in zip(schema, self._specs)],
+                                       self._rtype)
+        readable = [natively_readable(f.type) for f in schema]
+        self._python = [i for i, ok in enumerate(readable) if not ok]
+        self._read = [i for i, ok in enumerate(readable) if ok]
 
     def encode(self, batch: pa.RecordBatch | pa.Table) -> EncodedRecords:
         """Every row of ``batch`` (with the encoder's column names and types) as one framed record."""
@@ -426,17 +323,40 @@ class Encoder:
         if isinstance(batch, pa.Table):
             batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
                 [], schema=batch.schema)
-        if self._rtype == RecordTypeCode.BYTE_ARRAY:
+        if self._native is None:
             arr, name = batch.column(0), self.schema[0].name
             if arr.null_count:
                 raise TFRecordError(f"null record at row {first_true(arr.is_null())}", column=name)
-            vals, data = _leaf_values(arr, Kind.BYTES, name, self._narrowing)
+            vals, data = leaf_values(arr, Kind.BYTES, name, self._narrowing)
             cols = [EncodeColumn(name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
+            enc = _native.encode(self._rtype, batch.num_rows, cols)
         else:
-            cols = [_encode_column(f, batch.column(i), spec, self._narrowing)
-                    for i, (f, spec) in enumerate(zip(self.schema, self._specs))]
-        enc = _native.encode(self._rtype, batch.num_rows, cols)
+            enc = self._encode_natively(batch)
         return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))
+
+    def _encode_natively(self, batch: pa.RecordBatch) -> _native.Encoded:
+        assert self._native is not None
+        converted: list[EncodeColumn | None] = [None] * len(self.schema)
+        for i in self._python:
+            try:
+                converted[i] = self._column(batch, i)
+            except TFRecordError:
+                # The columns the native encoder reads have not been checked yet: the first error
+                # in column order is the one to report.
+                for k in self._read:
+                    if k < i:
+                        self._column(batch, k)
+                raise
+        try:
+            return self._native.encode(batch, batch.num_rows, converted)
+        except _native.CodecError as e:
+            if e.status not in (Status.NULL_INNER_LIST, Status.NULL_LIST_ELEMENT):
+                raise
+            what = "inner list" if e.status == Status.NULL_INNER_LIST else "list element"
+            raise null_in_list(what, e.actual, (e.column or b"").decode()) from None
+
+    def _column(self, batch: pa.RecordBatch, i: int) -> EncodeColumn:
+        return encode_column(self.schema.field(i), batch.column(i), self._specs[i], self._narrowing)
 
 
 @functools.lru_cache(maxsize=64)

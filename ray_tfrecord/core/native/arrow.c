@@ -1,8 +1,10 @@
-/* Decoded columns as an Arrow C data interface struct array and schema (see arrow.h).
+/* Record batches across the Arrow C data interface (see arrow.h).
  *
- * Every node of either tree owns its private data alone, so a consumer may move a child out and
- * release it apart from its parent, as the interface allows; a parent releases only the children
- * still in place (release not NULL). */
+ * Exporting, every node of either tree owns its private data alone, so a consumer may move a child
+ * out and release it apart from its parent, as the interface allows; a parent releases only the
+ * children still in place (release not NULL). Importing, the arrays are the producer's and are
+ * trusted to keep the format's invariants (buffers as long as length and offset say), as every
+ * consumer of the interface does; the encoder still checks every offset against those lengths. */
 #include "arrow.h"
 
 #include <stdio.h>
@@ -165,4 +167,133 @@ RT_API rt_status rt_arrow_schema(const Cols *cs, const uint8_t *not_null, struct
             return RT_OUT_OF_MEMORY;
         }
     return RT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reading an exported batch's columns for the encoder                                        */
+
+static int is_format(const struct ArrowSchema *s, const char *f) { return strcmp(s->format, f) == 0; }
+
+/* Whether s is a list ("+l", 32-bit offsets, or "+L", 64-bit) with one child. */
+static int is_list(const struct ArrowSchema *s) { return (is_format(s, "+l") || is_format(s, "+L")) && s->n_children == 1; }
+
+/* Element i of a's validity bitmap (1 without one). */
+static int arrow_valid(const struct ArrowArray *a, int64_t i) {
+    const uint8_t *bits = a->n_buffers ? a->buffers[0] : NULL;
+    if (!bits || a->null_count == 0) return 1;
+    int64_t b = a->offset + i;
+    return (bits[b / 8] >> (b % 8)) & 1;
+}
+
+/* Buffer i of a from element a->offset on (elements of es bytes); a buffer that is absent, which
+ * the producer may do when it holds no bytes, as an empty one. */
+static const void *buffer_at(const struct ArrowArray *a, int i, size_t es) {
+    const uint8_t *p = i < a->n_buffers ? a->buffers[i] : NULL;
+    return p ? p + (size_t)a->offset * es : (const void *)arrow_empty;
+}
+
+/* The n + 1 offsets of a (buffer 1) as int64: in place when they are, else widened into owned.
+ * wide: whether a's offsets are 64-bit. */
+static rt_status offsets64(const struct ArrowArray *a, int wide, int64_t n, Buf *owned, Mem *m) {
+    if (a->n_buffers < 2 || (!a->buffers[1] && n)) return RT_BAD_SPEC;
+    if (!a->buffers[1]) { /* no rows, no offsets buffer: the one offset is 0 */
+        *m = (Mem){arrow_empty, 8};
+        return RT_OK;
+    }
+    if (wide) {
+        *m = (Mem){buffer_at(a, 1, 8), (size_t)(n + 1) * 8};
+        return RT_OK;
+    }
+    if (buf_reserve(owned, (size_t)(n + 1) * 8)) return RT_OUT_OF_MEMORY;
+    const int32_t *o = buffer_at(a, 1, 4);
+    int64_t *w = (int64_t *)owned->p;
+    for (int64_t k = 0; k <= n; k++) w[k] = o[k];
+    owned->len = (size_t)(n + 1) * 8;
+    *m = (Mem){owned->p, owned->len};
+    return RT_OK;
+}
+
+/* The encoder cannot write a null inside a list: the first null among elements [lo, hi) of a
+ * (every element of a null array is one). */
+static rt_status no_nulls(const struct ArrowArray *a, const struct ArrowSchema *s, int64_t lo, int64_t hi,
+                          rt_status st, rt_error *e) {
+    for (int64_t k = lo; k < hi; k++)
+        if (is_format(s, "n") || !arrow_valid(a, k)) {
+            e->actual = k;
+            return st;
+        }
+    return RT_OK;
+}
+
+/* The leaf values of c from array a of schema s. */
+static rt_status leaf_read(const struct ArrowArray *a, const struct ArrowSchema *s, int kind, ECol *c, Buf *owned) {
+    int wide = is_format(s, "Z") || is_format(s, "U");
+    if (kind == K_NULL) return is_format(s, "n") ? RT_OK : RT_BAD_SPEC;
+    if (kind == K_BYTES) {
+        if (!(wide || is_format(s, "z") || is_format(s, "u")) || a->n_buffers != 3) return RT_BAD_SPEC;
+        rt_status st = offsets64(a, wide, a->length, owned, &c->vals);
+        if (st != RT_OK) return st;
+        /* the data's offsets are absolute (not from a->offset): it is whole, up to the last */
+        int64_t end = ((const int64_t *)c->vals.buf)[a->length];
+        if (end > 0 && !a->buffers[2]) return RT_BAD_SPEC;
+        c->data = (Mem){a->buffers[2] ? a->buffers[2] : (const void *)arrow_empty, end > 0 ? (size_t)end : 0};
+        c->has_vals = c->has_data = 1;
+        return RT_OK;
+    }
+    size_t es = kind == K_INT64 ? 8 : 4;
+    if (!is_format(s, kind == K_INT64 ? "l" : "f") || a->n_buffers != 2 || (a->length && !a->buffers[1]))
+        return RT_BAD_SPEC;
+    c->vals = (Mem){buffer_at(a, 1, es), (size_t)a->length * es};
+    c->has_vals = 1;
+    return RT_OK;
+}
+
+RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSchema *s, int64_t nrows, int kind,
+                               int shape, int64_t fixed_n, ECol *c, Buf owned[3], rt_error *e) {
+    if (a->length < nrows || a->offset < 0 || a->n_children != s->n_children) return RT_BAD_SPEC;
+    c->kind = kind;
+    c->shape = shape == S_FIXED ? S_LIST : shape;
+    /* null_count may be -1, unknown: then the bitmap tells */
+    c->has_valid = a->n_buffers > 0 && a->buffers[0] && a->null_count != 0;
+    if (c->has_valid) c->valid = (Mem){a->buffers[0], (size_t)((a->offset + nrows + 7) / 8)};
+    c->valid_off = a->offset;
+    if (shape == S_SCALAR) return kind == K_NULL ? RT_BAD_SPEC : leaf_read(a, s, kind, c, &owned[2]);
+    const struct ArrowArray *child = a->n_children == 1 ? a->children[0] : NULL;
+    const struct ArrowSchema *cs = child ? s->children[0] : NULL;
+    if (!child) return RT_BAD_SPEC;
+    rt_status st;
+    if (shape == S_FIXED) {
+        /* as many values a row: offsets (a->offset + i) * n into the child, made here */
+        char want[32];
+        snprintf(want, sizeof(want), "+w:%lld", (long long)fixed_n);
+        if (!is_format(s, want) || child->length / (fixed_n ? fixed_n : 1) < a->offset + nrows) return RT_BAD_SPEC;
+        if (buf_reserve(&owned[0], (size_t)(nrows + 1) * 8)) return RT_OUT_OF_MEMORY;
+        int64_t *w = (int64_t *)owned[0].p;
+        for (int64_t i = 0; i <= nrows; i++) w[i] = (a->offset + i) * fixed_n;
+        owned[0].len = (size_t)(nrows + 1) * 8;
+        c->rowoff = (Mem){owned[0].p, owned[0].len};
+        c->has_rowoff = 1;
+        return leaf_read(child, cs, kind, c, &owned[2]);
+    }
+    if (!is_list(s)) return RT_BAD_SPEC;
+    if ((st = offsets64(a, is_format(s, "+L"), nrows, &owned[0], &c->rowoff)) != RT_OK) return st;
+    c->has_rowoff = 1;
+    const int64_t *r = c->rowoff.buf;
+    int64_t lo = nrows ? r[0] : 0, hi = nrows ? r[nrows] : 0;
+    if (lo < 0 || hi > child->length) return RT_BAD_SPEC;
+    if (shape == S_SEQ) {
+        if (!is_list(cs)) return RT_BAD_SPEC;
+        if ((st = no_nulls(child, cs, lo, hi, RT_NULL_INNER_LIST, e)) != RT_OK ||
+            (st = offsets64(child, is_format(cs, "+L"), child->length, &owned[1], &c->inner)) != RT_OK)
+            return st;
+        c->has_inner = 1;
+        const int64_t *in = c->inner.buf;
+        lo = nrows ? in[lo] : 0;
+        hi = nrows ? in[hi] : 0;
+        child = child->n_children == 1 ? child->children[0] : NULL;
+        cs = child ? cs->children[0] : NULL;
+        if (!child || lo < 0 || hi > child->length) return RT_BAD_SPEC;
+    }
+    if ((st = no_nulls(child, cs, lo, hi, RT_NULL_LIST_ELEMENT, e)) != RT_OK) return st;
+    return leaf_read(child, cs, kind, c, &owned[2]);
 }

@@ -1,10 +1,11 @@
-/* Decoded columns as one Arrow record batch, through the Arrow C data interface: a struct array
- * whose children are the columns, and its schema, built without Python so that a chunk crosses
- * into pyarrow in one import. */
+/* Record batches across the Arrow C data interface, without Python: decoded columns assembled
+ * into one struct array and its schema (so that a chunk crosses into pyarrow in one import), and
+ * the columns of an exported batch read in place by the encoder. */
 #ifndef RT_ARROW_H
 #define RT_ARROW_H
 
 #include "decode.h"
+#include "encode.h"
 
 /* The Arrow C data interface's ABI, verbatim from https://arrow.apache.org/docs/format/CDataInterface.html */
 #ifndef ARROW_C_DATA_INTERFACE
@@ -52,5 +53,18 @@ RT_API rt_status rt_arrow_export(Cols *cs, struct ArrowArray *out);
  * to the first NUL), nullable unless not_null[i] (not_null may be NULL); list items are named
  * "item" and nullable, as pyarrow names them. RT_OK, or RT_OUT_OF_MEMORY with out released. */
 RT_API rt_status rt_arrow_schema(const Cols *cs, const uint8_t *not_null, struct ArrowSchema *out);
+
+/* Reads column a (format from s) of an exported batch of nrows rows as the encoder's column c, of
+ * the given kind and shape (decode's: a fixed-size list is S_FIXED with fixed_n values a row),
+ * when its layout is the canonical one: int64 ("l"), float32 ("f"), binary or string with 32- or
+ * 64-bit offsets ("z", "u", "Z", "U") or, in lists, null ("n") values; as a scalar, a list ("+l",
+ * "+L"), a fixed-size list ("+w:n") or a list of lists. c's buffers point into a's; offsets the
+ * encoder reads as int64 that a holds otherwise are widened into owned[0..2] (buf_free them after
+ * encoding, whatever this returns). c->key and key_len are left to the caller.
+ * RT_OK; RT_BAD_SPEC for any other layout; RT_OUT_OF_MEMORY; RT_NULL_INNER_LIST or
+ * RT_NULL_LIST_ELEMENT for a null inside a row's list (as the encoder cannot write one), with
+ * e->actual the null's element index in its child array. */
+RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSchema *s, int64_t nrows, int kind,
+                               int shape, int64_t fixed_n, ECol *c, Buf owned[3], rt_error *e);
 
 #endif

@@ -55,6 +55,9 @@
     /* a feature that does not fit its column */                                                    \
     X(KIND_MISMATCH, "feature kind differs from the column's kind")                                 \
     X(COUNT_MISMATCH, "feature holds the wrong number of values for its column")                    \
+    /* a value the encoder cannot write */                                                          \
+    X(NULL_INNER_LIST, "null inner list")                                                           \
+    X(NULL_LIST_ELEMENT, "null list element")                                                       \
     /* limits of one call (32-bit Arrow offsets) */                                                 \
     X(BYTES_TOO_LARGE, "bytes values exceed 2 GiB in one batch")                                    \
     X(TOO_MANY_VALUES, "more than 2^31 values in one batch")                                        \

@@ -609,78 +609,279 @@ static int attr_buffer(PyObject *o, const char *name, Py_buffer *v, Mem *m, int 
     return rc < 0 ? -1 : 0;
 }
 
+/* Column c from an EncodeColumn (read by attribute), its buffers' views kept in v[0..4] for
+ * release and its name (a new reference) in *name. */
+static int ecol_from_attrs(PyObject *col, ECol *c, Py_buffer v[5], PyObject **name) {
+    long long voff;
+    if (!(*name = attr_name(col))) return -1;
+    c->key = (const uint8_t *)PyBytes_AS_STRING(*name);
+    c->key_len = (size_t)PyBytes_GET_SIZE(*name);
+    if (attr_int(col, "kind", &c->kind) || attr_int(col, "shape", &c->shape) ||
+        attr_ll(col, "validity_offset", &voff) || attr_buffer(col, "validity", &v[0], &c->valid, &c->has_valid) ||
+        attr_buffer(col, "row_offsets", &v[1], &c->rowoff, &c->has_rowoff) ||
+        attr_buffer(col, "inner_offsets", &v[2], &c->inner, &c->has_inner) ||
+        attr_buffer(col, "values", &v[3], &c->vals, &c->has_vals) ||
+        attr_buffer(col, "data", &v[4], &c->data, &c->has_data))
+        return -1;
+    c->valid_off = voff;
+    return 0;
+}
+
+/* Raises the CodecError of a column the encoder refused (status in e->status). */
+static void raise_column_error(rt_error *e, PyObject *name) {
+    PyObject *msg = PyUnicode_FromFormat("column %R: %s", name, rt_status_message(e->status));
+    if (msg) raise_codec_error(e, name, msg);
+    Py_XDECREF(msg);
+}
+
+/* The columns of one encode call: ECols, the views of the Python buffers behind them, and the
+ * int64 offsets widened from an Arrow batch's. */
+typedef struct {
+    Py_ssize_t n;
+    ECol *cols;
+    Py_buffer (*views)[5]; /* valid, rowoff, inner, vals, data */
+    Buf (*owned)[3];
+} EncodeCall;
+
+static int call_init(EncodeCall *k, Py_ssize_t n) {
+    k->n = n;
+    k->cols = calloc((size_t)(n ? n : 1), sizeof(ECol));
+    k->views = calloc((size_t)(n ? n : 1), sizeof(*k->views));
+    k->owned = calloc((size_t)(n ? n : 1), sizeof(*k->owned));
+    if (k->cols && k->views && k->owned && n <= INT_MAX) return 0;
+    raise_status(n > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
+    return -1;
+}
+
+static void call_free(EncodeCall *k) {
+    for (Py_ssize_t i = 0; i < k->n && k->views; i++)
+        for (int j = 0; j < 5; j++)
+            if (k->views[i][j].obj) PyBuffer_Release(&k->views[i][j]);
+    for (Py_ssize_t i = 0; i < k->n && k->owned; i++)
+        for (int j = 0; j < 3; j++) buf_free(&k->owned[i][j]);
+    free(k->cols);
+    free(k->views);
+    free(k->owned);
+}
+
+/* Encodes the prepared columns (GIL released): an Encoded, or NULL with the error raised. */
+static PyObject *encode_columns(EncodeCall *k, int rtype, long long nrows, PyObject *names) {
+    Buf out = {0}, offs = {0};
+    rt_status st;
+    int bad_col;
+    Py_BEGIN_ALLOW_THREADS
+    st = rt_encode(k->cols, (int)k->n, rtype, nrows, &out, &offs, &bad_col);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (st != RT_OK && bad_col >= 0) {
+        rt_error e = {.status = st, .record = -1, .col = bad_col, .offset = -1, .other_record = -1};
+        raise_column_error(&e, PyList_GET_ITEM(names, bad_col));
+    } else if (st != RT_OK) {
+        raise_status(st);
+    } else {
+        result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
+    }
+    buf_free(&out);
+    buf_free(&offs);
+    return result;
+}
+
+static int encode_args_ok(int rtype, long long nrows) {
+    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTES) return 1;
+    PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
+    return 0;
+}
+
 static PyObject *py_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     int rtype;
     long long nrows;
     PyObject *spec;
-    if (!PyArg_ParseTuple(args, "iLO", &rtype, &nrows, &spec)) return NULL;
-    if (nrows < 0 || rtype < R_EXAMPLE || rtype > R_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "iLO", &rtype, &nrows, &spec) || !encode_args_ok(rtype, nrows)) return NULL;
     PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
-    ECol *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(ECol));
-    Py_buffer(*views)[5] = calloc((size_t)(ncols ? ncols : 1), sizeof(*views)); /* valid, rowoff, inner, vals, data */
+    EncodeCall k;
     PyObject *result = NULL, *names = PyList_New(ncols); /* names keeps the columns' names alive */
-    Buf out = {0}, offs = {0};
-    if (!cols || !views || !names || ncols > INT_MAX) {
-        if (names) raise_status(ncols > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
-        goto done;
-    }
+    if (call_init(&k, ncols) || !names) goto done;
     for (Py_ssize_t i = 0; i < ncols; i++) {
-        ECol *c = &cols[i];
-        Py_buffer *v = views[i];
-        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
-        long long voff;
-        if (!name) goto done;
-        PyList_SET_ITEM(names, i, name);
-        c->key = (const uint8_t *)PyBytes_AS_STRING(name);
-        c->key_len = (size_t)PyBytes_GET_SIZE(name);
-        if (attr_int(col, "kind", &c->kind) || attr_int(col, "shape", &c->shape) ||
-            attr_ll(col, "validity_offset", &voff) || attr_buffer(col, "validity", &v[0], &c->valid, &c->has_valid) ||
-            attr_buffer(col, "row_offsets", &v[1], &c->rowoff, &c->has_rowoff) ||
-            attr_buffer(col, "inner_offsets", &v[2], &c->inner, &c->has_inner) ||
-            attr_buffer(col, "values", &v[3], &c->vals, &c->has_vals) ||
-            attr_buffer(col, "data", &v[4], &c->data, &c->has_data))
-            goto done;
-        c->valid_off = voff;
-        if (rt_encode_prepare(c, rtype, ncols) != RT_OK) {
+        PyObject *name = NULL;
+        int rc = ecol_from_attrs(PySequence_Fast_GET_ITEM(seq, i), &k.cols[i], k.views[i], &name);
+        if (name) PyList_SET_ITEM(names, i, name);
+        if (rc) goto done;
+        if (rt_encode_prepare(&k.cols[i], rtype, ncols) != RT_OK) {
             PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", name);
             goto done;
         }
     }
-    rt_status st;
-    int bad_col;
-    Py_BEGIN_ALLOW_THREADS
-    st = rt_encode(cols, (int)ncols, rtype, nrows, &out, &offs, &bad_col);
-    Py_END_ALLOW_THREADS
-    if (st != RT_OK) {
-        if (bad_col >= 0) {
-            PyObject *name = PyList_GET_ITEM(names, bad_col),
-                     *msg = PyUnicode_FromFormat("column %R: %s", name, rt_status_message(st));
-            rt_error e = {.status = st, .record = -1, .col = bad_col, .offset = -1, .other_record = -1};
-            if (msg) raise_codec_error(&e, name, msg);
-            Py_XDECREF(msg);
-        } else {
-            raise_status(st);
-        }
-        goto done;
-    }
-    result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
+    result = encode_columns(&k, rtype, nrows, names);
 done:
-    for (Py_ssize_t i = 0; i < ncols && views; i++)
-        for (int k = 0; k < 5; k++)
-            if (views[i][k].obj) PyBuffer_Release(&views[i][k]);
-    free(cols);
-    free(views);
-    buf_free(&out);
-    buf_free(&offs);
+    call_free(&k);
     Py_XDECREF(names);
     Py_DECREF(seq);
     return result;
 }
+
+/* An encoder for one schema: each column's name, kind and shape, read once. */
+typedef struct {
+    int kind, shape;
+    int64_t fixed_n;
+} ESpec;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *names; /* bytes, one a column */
+    ESpec *specs;
+    int rtype;
+} EncoderObject;
+
+static void encoder_dealloc(EncoderObject *self) {
+    Py_XDECREF(self->names);
+    PyMem_Free(self->specs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *encoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"columns", "record_type", NULL};
+    PyObject *spec;
+    int rtype;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype) || !encode_args_ok(rtype, 0)) return NULL;
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    EncoderObject *self = (EncoderObject *)type->tp_alloc(type, 0);
+    if (!self) goto fail;
+    self->rtype = rtype;
+    if (!(self->names = PyList_New(ncols))) goto fail;
+    if (!(self->specs = PyMem_Calloc((size_t)(ncols ? ncols : 1), sizeof(ESpec)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        ESpec *e = &self->specs[i];
+        long long fixed_n;
+        if (!name) goto fail;
+        PyList_SET_ITEM(self->names, i, name);
+        if (attr_int(col, "kind", &e->kind) || attr_int(col, "shape", &e->shape) ||
+            attr_ll(col, "fixed_size", &fixed_n))
+            goto fail;
+        e->fixed_n = fixed_n;
+        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQ || fixed_n < 0) {
+            raise_status(RT_BAD_SPEC);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return (PyObject *)self;
+fail:
+    Py_XDECREF(self);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* The exported batch's struct array and schema, from the (schema, array) capsules of t. */
+static int batch_import(PyObject *t, Py_ssize_t ncols, long long nrows, struct ArrowSchema **s, struct ArrowArray **a) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+        PyErr_SetString(PyExc_TypeError, "__arrow_c_array__ must return (schema capsule, array capsule)");
+        return -1;
+    }
+    *s = PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 0), "arrow_schema");
+    *a = *s ? PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 1), "arrow_array") : NULL;
+    if (!*a) return -1;
+    if (strcmp((*s)->format, "+s") || (*s)->n_children != ncols || (*a)->n_children != ncols || (*a)->length < nrows) {
+        PyErr_SetString(PyExc_ValueError, "the batch does not have the encoder's columns");
+        return -1;
+    }
+    return 0;
+}
+
+/* Columns are read from batch (its Arrow C data interface export) but those that converted
+ * gives as an EncodeColumn (None: read from the batch). Reading and encoding run without the GIL. */
+static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
+    PyObject *batch, *conv;
+    long long nrows;
+    if (!PyArg_ParseTuple(args, "OLO", &batch, &nrows, &conv) || !encode_args_ok(self->rtype, nrows)) return NULL;
+    PyObject *seq = PySequence_Fast(conv, "converted must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t ncols = PyList_GET_SIZE(self->names);
+    PyObject *result = NULL, *exported = NULL;
+    struct ArrowSchema *sch = NULL;
+    struct ArrowArray *arr = NULL;
+    EncodeCall k;
+    if (call_init(&k, ncols)) goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != ncols) {
+        PyErr_SetString(PyExc_ValueError, "converted must hold one entry a column");
+        goto done;
+    }
+    int native = 0;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = NULL;
+        if (col == Py_None) {
+            native = 1;
+            continue;
+        }
+        int rc = ecol_from_attrs(col, &k.cols[i], k.views[i], &name);
+        Py_XDECREF(name); /* self->names holds the column's name; the converted one must match it */
+        if (rc) goto done;
+        if (rt_encode_prepare(&k.cols[i], self->rtype, ncols) != RT_OK) {
+            PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", PyList_GET_ITEM(self->names, i));
+            goto done;
+        }
+    }
+    if (native && (!(exported = PyObject_CallMethod(batch, "__arrow_c_array__", NULL)) ||
+                   batch_import(exported, ncols, nrows, &sch, &arr)))
+        goto done;
+    rt_status st = RT_OK;
+    rt_error e = {.record = -1, .col = -1, .offset = -1, .other_record = -1};
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < ncols && native && st == RT_OK; i++) {
+        ECol *c = &k.cols[i];
+        if (PySequence_Fast_GET_ITEM(seq, i) != Py_None) continue; /* a borrowed pointer compared, no reference taken */
+        const ESpec *sp = &self->specs[i];
+        st = rt_arrow_ecol(arr->children[i], sch->children[i], nrows, sp->kind, sp->shape, sp->fixed_n, c, k.owned[i], &e);
+        if (st == RT_OK) st = rt_encode_prepare(c, self->rtype, ncols);
+        e.col = (int)i;
+    }
+    Py_END_ALLOW_THREADS
+    if (st == RT_NULL_INNER_LIST || st == RT_NULL_LIST_ELEMENT) {
+        e.status = st;
+        raise_column_error(&e, PyList_GET_ITEM(self->names, e.col));
+        goto done;
+    }
+    if (st != RT_OK) {
+        raise_status(st);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *name = PyList_GET_ITEM(self->names, i);
+        k.cols[i].key = (const uint8_t *)PyBytes_AS_STRING(name);
+        k.cols[i].key_len = (size_t)PyBytes_GET_SIZE(name);
+    }
+    result = encode_columns(&k, self->rtype, nrows, self->names);
+done:
+    call_free(&k);
+    Py_XDECREF(exported);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef encoder_methods[] = {
+    {"encode", (PyCFunction)encoder_encode, METH_VARARGS,
+     "encode(batch, nrows, converted) -> Encoded: nrows rows of batch (an object with __arrow_c_array__),\n"
+     "column i read from the batch where converted[i] is None, else from converted[i] (an EncodeColumn)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Encoder",
+    .tp_basicsize = sizeof(EncoderObject),
+    .tp_dealloc = (destructor)encoder_dealloc,
+    .tp_new = encoder_new,
+    .tp_methods = encoder_methods,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Encoder(columns, record_type): columns are objects with name, kind, shape, fixed_size\n"
+              "(an EncodeSpec, shapes as decode's); record_type a record type code.",
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* The module: functions, result types, and the constants Python mirrors as IntEnums          */
@@ -751,7 +952,8 @@ static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *des
 
 PyMODINIT_FUNC PyInit__native(void) {
     rt_crc_init();
-    if (PyType_Ready(&NativeBufferType) < 0 || PyType_Ready(&BatchType) < 0 || PyType_Ready(&DecoderType) < 0)
+    if (PyType_Ready(&NativeBufferType) < 0 || PyType_Ready(&BatchType) < 0 || PyType_Ready(&DecoderType) < 0 ||
+        PyType_Ready(&EncoderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
@@ -760,6 +962,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&NativeBufferType) < 0 ||
         PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
         PyModule_AddObjectRef(m, "Decoder", (PyObject *)&DecoderType) < 0 ||
+        PyModule_AddObjectRef(m, "Encoder", (PyObject *)&EncoderType) < 0 ||
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
         add_type(m, &InspectedColumnType, &inspected_desc) ||
         add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
