@@ -37,6 +37,7 @@ def table(n: int) -> pa.Table:
         "n": pa.array([None if k % 2 else [] for k in range(n)], pa.list_(pa.null())),
         "q": pa.array([None if k % 4 == 0 else [[k], [], [k, k]] for k in range(n)],
                       pa.large_list(pa.list_(pa.int64()))),
+        "fx0": pa.array([None if k % 2 else [] for k in range(n)], pa.list_(pa.binary(), 0)),
         "i32": pa.array(range(n), pa.int32()),  # converted in Python, beside the natively read ones
     })
 

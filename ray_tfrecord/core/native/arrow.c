@@ -266,7 +266,7 @@ RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSch
         /* as many values a row: offsets (a->offset + i) * n into the child, made here */
         char want[32];
         snprintf(want, sizeof(want), "+w:%lld", (long long)fixed_n);
-        if (!is_format(s, want) || child->length / (fixed_n ? fixed_n : 1) < a->offset + nrows) return RT_BAD_SPEC;
+        if (!is_format(s, want) || (fixed_n && child->length / fixed_n < a->offset + nrows)) return RT_BAD_SPEC;
         if (buf_reserve(&owned[0], (size_t)(nrows + 1) * 8)) return RT_OUT_OF_MEMORY;
         int64_t *w = (int64_t *)owned[0].p;
         for (int64_t i = 0; i <= nrows; i++) w[i] = (a->offset + i) * fixed_n;
