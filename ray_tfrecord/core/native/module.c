@@ -641,6 +641,7 @@ typedef struct {
     ECol *cols;
     Py_buffer (*views)[5]; /* valid, rowoff, inner, vals, data */
     Buf (*owned)[3];
+    uint8_t *from_batch; /* whether column i is read from an Arrow batch */
 } EncodeCall;
 
 static int call_init(EncodeCall *k, Py_ssize_t n) {
@@ -648,7 +649,8 @@ static int call_init(EncodeCall *k, Py_ssize_t n) {
     k->cols = calloc((size_t)(n ? n : 1), sizeof(ECol));
     k->views = calloc((size_t)(n ? n : 1), sizeof(*k->views));
     k->owned = calloc((size_t)(n ? n : 1), sizeof(*k->owned));
-    if (k->cols && k->views && k->owned && n <= INT_MAX) return 0;
+    k->from_batch = calloc((size_t)(n ? n : 1), 1);
+    if (k->cols && k->views && k->owned && k->from_batch && n <= INT_MAX) return 0;
     raise_status(n > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
     return -1;
 }
@@ -662,6 +664,7 @@ static void call_free(EncodeCall *k) {
     free(k->cols);
     free(k->views);
     free(k->owned);
+    free(k->from_batch);
 }
 
 /* Encodes the prepared columns (GIL released): an Encoded, or NULL with the error raised. */
@@ -817,7 +820,7 @@ static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < ncols; i++) {
         PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = NULL;
         if (col == Py_None) {
-            native = 1;
+            native = k.from_batch[i] = 1;
             continue;
         }
         int rc = ecol_from_attrs(col, &k.cols[i], k.views[i], &name);
@@ -834,9 +837,9 @@ static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
     rt_status st = RT_OK;
     rt_error e = {.record = -1, .col = -1, .offset = -1, .other_record = -1};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < ncols && native && st == RT_OK; i++) {
+    for (Py_ssize_t i = 0; i < ncols && st == RT_OK; i++) {
         ECol *c = &k.cols[i];
-        if (PySequence_Fast_GET_ITEM(seq, i) != Py_None) continue; /* a borrowed pointer compared, no reference taken */
+        if (!k.from_batch[i]) continue;
         const ESpec *sp = &self->specs[i];
         st = rt_arrow_ecol(arr->children[i], sch->children[i], nrows, sp->kind, sp->shape, sp->fixed_n, c, k.owned[i], &e);
         if (st == RT_OK) st = rt_encode_prepare(c, self->rtype, ncols);
