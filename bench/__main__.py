@@ -3,6 +3,7 @@
     python -m bench                      # everything
     python -m bench --only codec,ray_io  # some sections
     python -m bench --quick              # smaller datasets, for a smoke run
+    python -m bench --only codec --threads 1,2,4   # decode on these thread counts (default 1, 2, 4, ... CPUs)
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def _fmt(v, digits=0):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS + OPTIONAL_SECTIONS))
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help="comma-separated sections: " + ", ".join(SECTIONS + OPTIONAL_SECTIONS))
     ap.add_argument("--quick", action="store_true", help="small datasets (smoke run)")
+    ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=None,
+                    help="codec: comma-separated thread counts to decode on (default 1, 2, 4, ... up to the CPUs)")
     args = ap.parse_args(argv)
     from .datasets import prepare
 
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only.split(","):
         module = importlib.import_module(f"bench.{name}")
         t0 = time.perf_counter()
-        section = module.run(ctx)
+        section = module.run(ctx, args.threads) if name == "codec" else module.run(ctx)
         rows.extend(section)
         print(f"[{name}: {time.perf_counter() - t0:.0f}s]", file=sys.stderr, flush=True)
     print()

@@ -8,11 +8,17 @@
  *
  * Beyond "no crash and no sanitizer report", each target checks what the core promises its caller:
  * records found by the scan lie inside the buffer with valid CRCs, decoded buffers form valid Arrow
- * layouts, inspect's statistics agree with a decode using the schema it implies, encode's output
- * scans and decodes back to exactly its input, and the pool lends a buffer to one owner at a time,
- * with all the capacity it reports.
+ * layouts, and so does the Arrow C data interface batch assembled from them (every buffer as long
+ * as its array needs, every offset in range), whose release frees all it holds, child by child,
+ * and which the encoder reads in place and writes back to records that decode to the same batch;
+ * inspect's statistics agree with a decode using the schema it implies, encode's output scans and
+ * decodes back to exactly its input, and the pool lends a buffer to one owner at a time, with all
+ * the capacity it reports, whichever thread frees it, and holds no more than its bound.
  */
+#include <pthread.h>
 #include <stdio.h>
+
+#include "../ray_tfrecord/core/native/arrow.h"
 
 #include "../ray_tfrecord/core/native/crc32c.h"
 #include "../ray_tfrecord/core/native/decode.h"
@@ -228,29 +234,205 @@ static void check_byte_array(const Records *r) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* decode: a column spec, then records. Spec: byte ncols (& 7); per column a byte (kind: bits 0-1,
- * shape: bits 2-3, name length: bits 4-7), a byte fixed_n (& 7), the name. As the codec does, a
+/* The Arrow C data interface batch: what a consumer may assume of it, checked on its own terms  */
+/* (formats, lengths, offsets), reading the last byte each buffer must have, so ASan reports a  */
+/* buffer shorter than its array claims.                                                        */
+
+static void touch(const void *p, size_t n) {
+    if (n) CHECK(p && ((volatile const uint8_t *)p)[n - 1] == ((const uint8_t *)p)[n - 1]);
+}
+
+static int64_t zero_bits(const uint8_t *bits, int64_t n) {
+    int64_t z = 0;
+    for (int64_t i = 0; i < n; i++) z += !((bits[i / 8] >> (i % 8)) & 1);
+    return z;
+}
+
+/* int32 offsets of a's n values: from 0, never decreasing; returns the last. */
+static int32_t check_arrow_offsets(const void *buf, int64_t n) {
+    CHECK(buf != NULL);
+    touch(buf, (size_t)(n + 1) * 4);
+    const uint8_t *p = buf;
+    CHECK(rd_i32(p) == 0);
+    for (int64_t i = 0; i < n; i++) CHECK(rd_i32(p + 4 * i) <= rd_i32(p + 4 * (i + 1)));
+    return rd_i32(p + 4 * n);
+}
+
+static void check_arrow(const struct ArrowArray *a, const struct ArrowSchema *s) {
+    const char *f = s->format;
+    CHECK(a->release && s->release && a->offset == 0 && a->length >= 0 && a->dictionary == NULL);
+    CHECK(s->n_children == a->n_children && s->name != NULL);
+    if (strcmp(f, "n") == 0) {
+        CHECK(a->n_buffers == 0 && a->n_children == 0 && a->null_count == a->length);
+        return;
+    }
+    CHECK(a->n_buffers >= 1 && a->null_count >= 0 && a->null_count <= a->length);
+    if (a->null_count) {
+        touch(a->buffers[0], (size_t)(a->length + 7) / 8);
+        CHECK(zero_bits(a->buffers[0], a->length) == a->null_count);
+    } else {
+        CHECK(a->buffers[0] == NULL);
+    }
+    if (strcmp(f, "l") == 0 || strcmp(f, "f") == 0) {
+        CHECK(a->n_buffers == 2 && a->n_children == 0 && a->buffers[1]);
+        touch(a->buffers[1], (size_t)a->length * (f[0] == 'l' ? 8 : 4));
+    } else if (strcmp(f, "z") == 0) {
+        CHECK(a->n_buffers == 3 && a->n_children == 0 && a->buffers[2]);
+        touch(a->buffers[2], (size_t)check_arrow_offsets(a->buffers[1], a->length));
+    } else if (strcmp(f, "+l") == 0) {
+        CHECK(a->n_buffers == 2 && a->n_children == 1 && strcmp(s->children[0]->name, "item") == 0);
+        CHECK(check_arrow_offsets(a->buffers[1], a->length) == a->children[0]->length);
+        check_arrow(a->children[0], s->children[0]);
+    } else {
+        long long n = -1;
+        CHECK(sscanf(f, "+w:%lld", &n) == 1 && n >= 0);
+        CHECK(a->n_buffers == 1 && a->n_children == 1 && a->children[0]->length == a->length * n);
+        check_arrow(a->children[0], s->children[0]);
+    }
+}
+
+/* Two decoded arrays of the same schema hold the same rows: lengths, nulls, offsets, values. */
+static void check_same_arrow(const struct ArrowArray *x, const struct ArrowArray *y, const struct ArrowSchema *s) {
+    const char *f = s->format;
+    CHECK(x->length == y->length && x->null_count == y->null_count && x->n_buffers == y->n_buffers);
+    for (int64_t i = 0; i < x->length && x->null_count; i++)
+        CHECK(zero_bits(x->buffers[0], i + 1) - zero_bits(x->buffers[0], i) ==
+              zero_bits(y->buffers[0], i + 1) - zero_bits(y->buffers[0], i));
+    if (strcmp(f, "n") == 0) return;
+    if (strcmp(f, "l") == 0 || strcmp(f, "f") == 0) {
+        CHECK(memcmp(x->buffers[1], y->buffers[1], (size_t)x->length * (f[0] == 'l' ? 8 : 4)) == 0);
+        return;
+    }
+    if (strcmp(f, "z") == 0 || strcmp(f, "+l") == 0)
+        CHECK(memcmp(x->buffers[1], y->buffers[1], (size_t)(x->length + 1) * 4) == 0);
+    if (strcmp(f, "z") == 0) {
+        int32_t end = rd_i32((const uint8_t *)x->buffers[1] + 4 * x->length);
+        CHECK(memcmp(x->buffers[2], y->buffers[2], (size_t)end) == 0);
+        return;
+    }
+    check_same_arrow(x->children[0], y->children[0], s->children[0]);
+}
+
+/* The encoder reads the exported batch in place (rt_arrow_ecol, as for a pyarrow batch), and what
+ * it writes decodes to the same batch. Skipped where a schema has no such round trip: two columns
+ * under one key, or a feature_list column in an Example. */
+static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray *a, const struct ArrowSchema *s) {
+    int n = tmpl->ncols;
+    for (int i = 0; i < n; i++) {
+        const rt_key *k = &tmpl->names.keys[i];
+        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i || (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQ))
+            return;
+    }
+    ECol cols[8];
+    Buf owned[8][3];
+    memset(cols, 0, sizeof(cols));
+    memset(owned, 0, sizeof(owned));
+    for (int i = 0; i < n; i++) {
+        const Col *t = &tmpl->cols[i];
+        rt_error e = {0};
+        CHECK(rt_arrow_ecol(a->children[i], s->children[i], a->length, t->kind, t->shape, t->fixed_n, &cols[i], owned[i],
+                            &e) == RT_OK);
+        cols[i].key = tmpl->names.keys[i].name;
+        cols[i].key_len = tmpl->names.keys[i].len;
+        CHECK(rt_encode_prepare(&cols[i], rtype, n) == RT_OK);
+    }
+    Buf out = {0}, offs = {0};
+    int bad;
+    CHECK(rt_encode(cols, n, rtype, a->length, &out, &offs, &bad) == RT_OK);
+    rt_scan sc = {.verify = 1, .final = 1, .limit = out.len};
+    rt_scan_run(&sc, out.p, out.len);
+    CHECK(sc.status == RT_OK && sc.nerr_total == 0 && (int64_t)(sc.pos.len / 8) == a->length);
+    Cols again;
+    Ctx ctx = {.record = -1};
+    CHECK(rt_decode_start(&again, tmpl) == RT_OK);
+    CHECK(rt_decode_records(&ctx, &again, rtype, out.p, out.len, (const int64_t *)sc.pos.p, (const int64_t *)sc.lens.p,
+                            a->length) == 0);
+    struct ArrowArray b;
+    CHECK(rt_arrow_export(&again, &b) == RT_OK);
+    for (int i = 0; i < n; i++) check_same_arrow(a->children[i], b.children[i], s->children[i]);
+    b.release(&b);
+    rt_decode_free(&again);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++) buf_free(&owned[i][j]);
+    buf_free(&out);
+    buf_free(&offs);
+    free(sc.pos.p);
+    free(sc.lens.p);
+}
+
+/* Assembles cs's batch and schema, checks them, and releases them: all at once, or (move) with
+ * the first column moved out and released on its own, as the interface lets a consumer do. */
+static void check_export(Cols *cs, const Cols *tmpl, int rtype, const uint8_t *not_null, int move) {
+    struct ArrowSchema s;
+    struct ArrowArray a;
+    CHECK(rt_arrow_schema(cs, not_null, &s) == RT_OK);
+    CHECK(rt_arrow_export(cs, &a) == RT_OK);
+    CHECK(strcmp(s.format, "+s") == 0 && s.n_children == cs->ncols && s.flags == 0);
+    CHECK(a.length == cs->nrecords && a.null_count == 0 && a.n_buffers == 1 && a.buffers[0] == NULL);
+    for (int i = 0; i < cs->ncols; i++) {
+        const struct ArrowSchema *c = s.children[i];
+        const rt_key *k = &cs->names.keys[i];
+        size_t len = strlen(c->name);
+        CHECK(len <= k->len && memcmp(c->name, k->name, len) == 0 && (len == k->len || k->name[len] == 0));
+        CHECK(c->flags == (not_null[i] ? 0 : ARROW_FLAG_NULLABLE));
+        CHECK(a.children[i]->length == cs->nrecords && a.children[i]->null_count == cs->cols[i].nulls);
+        check_arrow(a.children[i], c);
+        /* every buffer its layout uses is the array's now (or, a bitmap without nulls, freed) */
+        const Col *col = &cs->cols[i];
+        int list = col->shape == S_LIST || col->shape == S_SEQ;
+        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQ || !col->inner.p));
+        CHECK((col->kind == K_NULL || !col->vals.p) && (col->kind != K_BYTES || !col->data.p));
+    }
+    check_reencode(tmpl, rtype, &a, &s);
+    if (move && a.n_children) {
+        struct ArrowArray col = *a.children[0];
+        struct ArrowSchema field = *s.children[0];
+        a.children[0]->release = NULL;
+        s.children[0]->release = NULL;
+        a.release(&a);
+        s.release(&s);
+        CHECK(col.release && field.release);
+        col.release(&col);
+        field.release(&field);
+        CHECK(!col.release && !field.release);
+    } else {
+        a.release(&a);
+        s.release(&s);
+    }
+    CHECK(!a.release && !s.release);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* decode: a column spec, then records. Spec: byte ncols (& 7; bit 3: release the batch's first
+ * column apart); per column a byte (kind: bits 0-1, shape: bits 2-3, name length: bits 4-7), a byte
+ * (fixed_n: bits 0-2; bit 3: not nullable), the name. As the codec does, a
  * feature_list column (shape 3) lives in section 1. */
 
 static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
     In in = {data, data + size};
-    int ncols = in_byte(&in) & 7;
-    Cols cs;
-    CHECK(rt_decode_init(&cs, ncols) == RT_OK);
+    uint8_t head = in_byte(&in);
+    int ncols = head & 7;
+    Cols tmpl, cs;
+    uint8_t not_null[8];
+    CHECK(rt_decode_init(&tmpl, ncols) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         uint8_t k = in_byte(&in), f = in_byte(&in);
         const uint8_t *name;
         size_t len = in_take(&in, k >> 4, &name);
         int shape = (k >> 2) & 3;
-        rt_status st = rt_decode_add_column(&cs, name, len, k & 3, shape, f & 7, shape == S_SEQ);
+        rt_status st = rt_decode_add_column(&tmpl, name, len, k & 3, shape, f & 7, shape == S_SEQ);
         CHECK(st == RT_OK || st == RT_BAD_SPEC);
+        if (st == RT_OK) not_null[tmpl.ncols - 1] = (f >> 3) & 1;
     }
+    /* A call starts from the decoder's columns, as the module's Decoder does for every chunk. */
+    CHECK(rt_decode_start(&cs, &tmpl) == RT_OK && cs.ncols == tmpl.ncols);
     Records r;
     records_from(&in, &r);
     Ctx ctx = {.record = -1};
     if (rt_decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
         CHECK(cs.nrecords == r.nrec);
         for (int i = 0; i < cs.ncols; i++) check_column(&cs.cols[i], r.nrec);
+        check_export(&cs, &tmpl, rtype, not_null, head >> 3);
     } else {
         rt_status st = ctx.err.status;
         CHECK(malformed(st) || st == RT_KIND_MISMATCH || st == RT_COUNT_MISMATCH);
@@ -262,6 +444,7 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
     check_byte_array(&r);
     records_free(&r);
     rt_decode_free(&cs);
+    rt_decode_free(&tmpl);
     return 0;
 }
 
@@ -558,8 +741,37 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* pool: each 3 bytes an operation on up to 16 live buffers: byte 0 picks the slot, and takes a  */
-/* buffer of 128 KiB to 8 MiB (bytes 1-2) into an empty one or gives a full one back.            */
+/* pool: each 3 bytes an operation on up to 16 live buffers: byte 0 picks the slot (bits 0-3),   */
+/* and takes a buffer of 128 KiB to 8 MiB (bytes 1-2) into an empty one or gives a full one      */
+/* back; bit 7 does it on a new thread, which ends right after (its cache goes to the shared one). */
+
+typedef struct {
+    uint8_t **p;
+    size_t *cap, want;
+    int tag;
+} PoolOp;
+
+static void pool_op(PoolOp *op) {
+    uint8_t *p = *op->p;
+    size_t cap = *op->cap;
+    if (p) {
+        /* every live buffer still holds its own tag: the pool never lent it out twice */
+        CHECK(p[0] == (uint8_t)op->tag && p[cap - 1] == (uint8_t)op->tag && p[cap / 2] == (uint8_t)op->tag);
+        rt_pool_free(p, cap);
+        *op->p = NULL;
+    } else {
+        p = rt_pool_alloc(op->want, op->cap);
+        CHECK(p && *op->cap >= op->want);
+        /* the last byte too: ASan reports a capacity the allocation does not have */
+        p[0] = p[*op->cap / 2] = p[*op->cap - 1] = (uint8_t)op->tag;
+        *op->p = p;
+    }
+}
+
+static void *pool_thread(void *op) {
+    pool_op(op);
+    return NULL;
+}
 
 static int fuzz_pool(const uint8_t *data, size_t size) {
     enum { LIVE = 16 };
@@ -567,20 +779,18 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
     size_t cap[LIVE] = {0};
     for (size_t i = 0; i + 3 <= size; i += 3) {
         int s = data[i] % LIVE;
-        if (p[s]) {
-            /* every live buffer still holds its own tag: the pool never lent it out twice */
-            CHECK(p[s][0] == (uint8_t)s && p[s][cap[s] - 1] == (uint8_t)s && p[s][cap[s] / 2] == (uint8_t)s);
-            rt_pool_free(p[s], cap[s]);
-            p[s] = NULL;
+        PoolOp op = {&p[s], &cap[s], ((size_t)128 << 10) + (size_t)(data[i + 1] << 8 | data[i + 2]) * 126, s};
+        pthread_t t;
+        if (data[i] & 0x80) {
+            CHECK(pthread_create(&t, NULL, pool_thread, &op) == 0);
+            CHECK(pthread_join(t, NULL) == 0);
         } else {
-            size_t want = ((size_t)128 << 10) + (size_t)(data[i + 1] << 8 | data[i + 2]) * 126;
-            p[s] = rt_pool_alloc(want, &cap[s]);
-            CHECK(p[s] && cap[s] >= want);
-            /* the last byte too: ASan reports a capacity the allocation does not have */
-            p[s][0] = p[s][cap[s] / 2] = p[s][cap[s] - 1] = (uint8_t)s;
+            pool_op(&op);
         }
+        CHECK(rt_pool_held() <= RT_POOL_BYTES);
     }
     for (int s = 0; s < LIVE; s++) rt_pool_free(p[s], cap[s]);
+    CHECK(rt_pool_held() <= RT_POOL_BYTES);
     return 0;
 }
 

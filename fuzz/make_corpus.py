@@ -7,7 +7,7 @@ installed), wrapped in each target's input format (see fuzz/fuzz_native.c):
 - decode_example / decode_sequence: a column spec, then records as [u16 length][payload].
 - inspect: a record-type byte, then records as above.
 - encode: generator bytes (the target builds Arrow-like buffers from them).
-- pool: 3-byte operations (slot, size) on the buffer pool.
+- pool: 3-byte operations (slot, size; bit 7 of the slot byte: on a new thread) on the buffer pool.
 
 Files named regression-* (inputs that once found a bug) are kept.
 
@@ -113,7 +113,8 @@ def _pool_seeds() -> list[bytes]:
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "corpus")
-    seeds: dict[str, list[bytes]] = {t: [] for t in ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool")}
+    targets = ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool")
+    seeds: dict[str, list[bytes]] = {t: [] for t in targets}
     streams, example_payloads, sequence_payloads = [], [], []
     for batch, rtype, spec in batches():
         enc = codec.encode(batch, rtype)
@@ -127,10 +128,10 @@ def main() -> None:
         seeds["inspect"].append(bytes([rtype == "SequenceExample"]) + records_bytes(payloads))
     tf_ex, tf_seq, tf_file = tf_payloads()
     if tf_ex:
-        seeds["decode_example"].append(spec_bytes([("i", INT64, LIST, 0), ("f", FLOAT, SCALAR, 0), ("b", BYTES, FIXED, 2),
-                                                   ("e", NULL, LIST, 0)]) + records_bytes(tf_ex))
-        seeds["decode_sequence"].append(spec_bytes([("i", INT64, SCALAR, 0), ("s", INT64, SEQ, 0), ("t", BYTES, SEQ, 0)])
-                                        + records_bytes(tf_seq))
+        ex_spec = [("i", INT64, LIST, 0), ("f", FLOAT, SCALAR, 0), ("b", BYTES, FIXED, 2), ("e", NULL, LIST, 0)]
+        seq_spec = [("i", INT64, SCALAR, 0), ("s", INT64, SEQ, 0), ("t", BYTES, SEQ, 0)]
+        seeds["decode_example"].append(spec_bytes(ex_spec) + records_bytes(tf_ex))
+        seeds["decode_sequence"].append(spec_bytes(seq_spec) + records_bytes(tf_seq))
         seeds["inspect"] += [b"\x00" + records_bytes(tf_ex), b"\x01" + records_bytes(tf_seq)]
         streams.append(tf_file)
     for data in streams:

@@ -64,7 +64,7 @@ build() { # kind: libfuzzer | driver-san | driver-plain; compiler in $CC_FUZZ
     esac
     mkdir -p "$OUT/bin-$kind"
     for t in $TARGETS; do
-        "$CC_FUZZ" "${flags[@]}" "${WARN[@]}" -DFUZZ_TARGET="fuzz_$t" "$SRC" "${UNITS[@]}" "${extra[@]}" \
+        "$CC_FUZZ" "${flags[@]}" "${WARN[@]}" -pthread -DFUZZ_TARGET="fuzz_$t" "$SRC" "${UNITS[@]}" "${extra[@]}" \
             -o "$OUT/bin-$kind/$t" >"$OUT/build-$kind.log" 2>&1 || return 1
     done
 }

@@ -15,7 +15,17 @@ TensorFlow are imported when the names that need them are first used.
 
 from importlib import import_module
 
-from .core.codec import BYTE_ARRAY_SCHEMA, EncodedRecords, RecordType, check_encodable, decode, decode_records, encode
+from .core.codec import (
+    BYTE_ARRAY_SCHEMA,
+    Decoder,
+    EncodedRecords,
+    Encoder,
+    RecordType,
+    check_encodable,
+    decode,
+    decode_records,
+    encode,
+)
 from .core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
 from .core.schema import infer_schema
 
@@ -30,8 +40,10 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "EncodedRecords", "NotTFRecordError", "RecordType",
-    "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode", "infer_schema", *_LAZY,
+    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "Encoder",
+    "NotTFRecordError",
+    "RecordType", "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode",
+    "infer_schema", *_LAZY,
 ]
 
 

@@ -91,8 +91,9 @@ def test_decode_matches_protobuf(data):
     batch = decode_payloads(payloads, schema)
     assert batch.schema == schema
     decoded = [ref.decode_example(p) for p in payloads]
-    for name, (kind, mode) in specs.items():
-        assert_column_equal(batch.column(name).to_pylist(), ref.expected_column(decoded, name, schema.field(name).type), kind)
+    for name, (kind, _mode) in specs.items():
+        expected = ref.expected_column(decoded, name, schema.field(name).type)
+        assert_column_equal(batch.column(name).to_pylist(), expected, kind)
 
 
 @SETTINGS
@@ -135,8 +136,9 @@ def test_sequence_example_both_ways(data):
             steps = data.draw(st.lists(st.lists(KINDS[kind], max_size=4), max_size=4))
             lists[n] = (kind, steps)
         records.append((ctx, lists))
-    payloads = [ref.encode_sequence_example(c, l) for c, l in records]
-    schema = pa.schema([*schema_of(ctx_specs), *[(n, pa.list_(pa.list_(ARROW_LEAF[k]))) for n, k in list_kinds.items()]])
+    payloads = [ref.encode_sequence_example(c, lists) for c, lists in records]
+    schema = pa.schema([*schema_of(ctx_specs),
+                        *[(n, pa.list_(pa.list_(ARROW_LEAF[k]))) for n, k in list_kinds.items()]])
     batch = decode_payloads(payloads, schema, "SequenceExample")
     decoded = [ref.decode_sequence_example(p) for p in payloads]
     for name, (kind, _) in ctx_specs.items():
@@ -178,7 +180,8 @@ def _as_list(v, mode):
 
 
 @pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_tf_written_files_read_as_parse_example_sees_them(tmp_path, compression, data):
     specs = data.draw(column_specs())
@@ -205,7 +208,8 @@ def test_tf_written_files_read_as_parse_example_sees_them(tmp_path, compression,
 
 
 @pytest.mark.parametrize("compression", [None, "gzip", "zlib"])
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_our_files_parse_in_tensorflow(tmp_path, compression, data):
     specs = data.draw(column_specs())
@@ -238,8 +242,10 @@ def test_tf_dense_and_sequence_parsing_of_our_records():
     for i in range(2):
         ctx, seq = tf.io.parse_single_sequence_example(
             bytes(chunk.record(i)),
-            context_features={"label": tf.io.FixedLenFeature([], tf.int64), "weight": tf.io.FixedLenFeature([], tf.float32),
-                              "img": tf.io.FixedLenFeature([4], tf.int64), "name": tf.io.FixedLenFeature([], tf.string)},
+            context_features={"label": tf.io.FixedLenFeature([], tf.int64),
+                              "weight": tf.io.FixedLenFeature([], tf.float32),
+                              "img": tf.io.FixedLenFeature([4], tf.int64),
+                              "name": tf.io.FixedLenFeature([], tf.string)},
             sequence_features={"tokens": tf.io.RaggedFeature(tf.int64), "scores": tf.io.RaggedFeature(tf.float32)})
         assert ctx["label"].numpy() == batch["label"][i].as_py()
         assert ctx["weight"].numpy() == batch["weight"][i].as_py()
@@ -305,7 +311,8 @@ UNKNOWN = varint(15 << 3 | 0) + varint(300) + varint(14 << 3 | 1) + b"\x01" * 8 
      example(entry(b"a", ld(1, ld(1, b"x")) + ld(3, ld(1, varint(4))))),
      pa.schema([("a", pa.list_(pa.int64()))])),
     ("oneof: a repeated kind merges",
-     example(entry(b"a", ld(3, ld(1, varint(1))) + ld(1, ld(1, b"x")) + ld(3, ld(1, varint(2))) + ld(3, ld(1, varint(3))))),
+     example(entry(b"a", ld(3, ld(1, varint(1))) + ld(1, ld(1, b"x")) + ld(3, ld(1, varint(2)))
+                   + ld(3, ld(1, varint(3))))),
      pa.schema([("a", pa.list_(pa.int64()))])),
     ("features field repeated: maps merge",
      example(entry(b"a", ld(3, ld(1, varint(1))))) + example(entry(b"b", ld(2, ld(1, struct.pack("<f", 2)))))
@@ -331,7 +338,8 @@ def test_unknown_fields_inside_a_map_entry_are_skipped():
 
 
 def test_projection_materialises_only_requested_columns():
-    payload = ref.encode_example({"a": ("int64_list", [1]), "b": ("bytes_list", [b"x" * 100]), "c": ("float_list", [1.0])})
+    payload = ref.encode_example({"a": ("int64_list", [1]), "b": ("bytes_list", [b"x" * 100]),
+                                  "c": ("float_list", [1.0])})
     batch = decode_payloads([payload] * 3, pa.schema([("c", pa.float32())]))
     assert batch.schema.names == ["c"] and batch.column(0).to_pylist() == [1.0] * 3
     empty = decode_payloads([payload] * 3, pa.schema([]))
@@ -410,14 +418,16 @@ def test_scalar_with_zero_or_two_values_names_file_offset_column():
     with pytest.raises(DecodeError) as e:
         decode_payloads([first, two], pa.schema([("a", pa.int64())]), path="data/part-0.tfrecord")
     assert e.value.path == "data/part-0.tfrecord" and e.value.offset == 16 + len(first) and e.value.column == "a"
-    assert "holds 2" in str(e.value) and "data/part-0.tfrecord" in str(e.value) and f"offset {16 + len(first)}" in str(e.value)
+    assert "holds 2" in str(e.value) and "data/part-0.tfrecord" in str(e.value)
+    assert f"offset {16 + len(first)}" in str(e.value)
     with pytest.raises(DecodeError, match="offset 0, column 'a'.*holds 0"):
         decode_payloads([ref.encode_example({"a": ("int64_list", [])})], pa.schema([("a", pa.int64())]))
 
 
 def test_fixed_size_list_count_mismatch():
     with pytest.raises(DecodeError, match=r"column 'a'.*exactly 3 values.*holds 2"):
-        decode_payloads([ref.encode_example({"a": ("float_list", [1.0, 2.0])})], pa.schema([("a", pa.list_(pa.float32(), 3))]))
+        decode_payloads([ref.encode_example({"a": ("float_list", [1.0, 2.0])})],
+                        pa.schema([("a", pa.list_(pa.float32(), 3))]))
 
 
 def test_kind_mismatch_is_an_error_not_a_reinterpretation():
@@ -462,7 +472,7 @@ def test_encode_rejects_uint64_overflow_and_inexact_float64():
         codec.encode(pa.record_batch({"d": pa.array([[0.5], [0.25, 0.1]])}))
     assert e.value.column == "d" and str(e.value) == (
         "column 'd': float64 value 0.1 is not exactly representable as float32, TFRecord's only float type; "
-        "pass allow_float64_narrowing=True (CLI: --allow-float64-narrowing) to round it, or cast the column to float32")
+        "pass allow_float64_narrowing=True to round it, or cast the column to float32")
     enc = codec.encode(pa.record_batch({"d": pa.array([0.5, 0.1, math.nan, math.inf])}), allow_float64_narrowing=True)
     chunk = next(iter_chunks(io.BytesIO(bytes(enc.data)), path="m"))
     assert ref.decode_example(bytes(chunk.record(1)))["d"] == ("float_list", [f32(0.1)])
@@ -544,7 +554,8 @@ def test_decode_records_matches_protobuf(data, large, skip, pieces):
     assert batch.schema == schema
     decoded = [ref.decode_example(p) for p in payloads]
     for name, (kind, _) in specs.items():
-        assert_column_equal(batch.column(name).to_pylist(), ref.expected_column(decoded, name, schema.field(name).type), kind)
+        expected = ref.expected_column(decoded, name, schema.field(name).type)
+        assert_column_equal(batch.column(name).to_pylist(), expected, kind)
 
 
 def test_decode_records_reads_tensorflow_records_as_parse_example_does(tmp_path):
@@ -564,7 +575,8 @@ def test_decode_records_reads_tensorflow_records_as_parse_example_does(tmp_path)
     got = codec.decode_records(records, schema)
     spec = {"pixels": tf.io.FixedLenFeature([784], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)}
     parsed = tf.io.parse_example([bytes(r) for r in records.column("record").to_pylist()], spec)
-    np.testing.assert_array_equal(np.stack(got.column("pixels").to_numpy(zero_copy_only=False)), parsed["pixels"].numpy())
+    pixels = np.stack(got.column("pixels").to_numpy(zero_copy_only=False))
+    np.testing.assert_array_equal(pixels, parsed["pixels"].numpy())
     np.testing.assert_array_equal(got.column("label").to_numpy(), parsed["label"].numpy())
 
 

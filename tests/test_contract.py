@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from ray_tfrecord.core import _native
@@ -38,24 +39,38 @@ def chunk_of(*payloads: bytes):
 
 def test_decode_results_and_errors_are_named():
     chunk = chunk_of(example(entry(b"x", ints(1, 2))), example())
-    spec = [DecodeSpec(b"x", Kind.INT64, Shape.LIST, 0, Section.CONTEXT)]
-    (col,) = _native.decode(chunk.buffer, chunk.positions, chunk.lengths, RecordTypeCode.EXAMPLE, spec)
-    assert (col.null_count, col.value_count, col.data) == (1, 2, None)
-    assert np.frombuffer(col.values, np.int64).tolist() == [1, 2]
-    assert np.frombuffer(col.row_offsets, np.int32).tolist() == [0, 2, 2]
+    spec = [DecodeSpec(b"x", Kind.INT64, Shape.LIST, 0, Section.CONTEXT, True)]
+    decoder = _native.Decoder(spec, RecordTypeCode.EXAMPLE)
+    out = decoder.decode(chunk.buffer, chunk.positions, chunk.lengths)
+    assert out.null_column == -1
+    batch = pa.record_batch(out)
+    assert batch.schema == pa.schema([pa.field("x", pa.list_(pa.int64()))])
+    assert batch.column(0).to_pylist() == [[1, 2], None]
+    with pytest.raises(ValueError, match="^the batch was already imported$"):
+        out.__arrow_c_array__()
+    assert decoder.nogil_ns > 0
 
     bad = chunk_of(example(), example(entry(b"x", ld(1, ld(1, b"")))))  # bytes_list where int64 is expected
     with pytest.raises(_native.CodecError) as info:
-        _native.decode(bad.buffer, bad.positions, bad.lengths, RecordTypeCode.EXAMPLE, spec)
+        decoder.decode(bad.buffer, bad.positions, bad.lengths)
     e = info.value
     assert (e.status, e.record, e.column, e.actual, e.expected) == (Status.KIND_MISMATCH, 1, b"x", Kind.BYTES,
                                                                     Kind.INT64)
 
     truncated = chunk_of(b"\x0a\x05\x0a")  # a Features field whose length overruns the record
     with pytest.raises(_native.CodecError, match="^length-delimited field overruns its parent message$") as info:
-        _native.decode(truncated.buffer, truncated.positions, truncated.lengths, RecordTypeCode.EXAMPLE, spec)
+        decoder.decode(truncated.buffer, truncated.positions, truncated.lengths)
     assert is_malformed(info.value.status) and (info.value.record, info.value.offset) == (0, 0)
     assert info.value.column is None
+
+    not_null = _native.Decoder([spec[0]._replace(nullable=False)], RecordTypeCode.EXAMPLE)
+    out = not_null.decode(chunk.buffer, chunk.positions, chunk.lengths)
+    assert out.null_column == 0
+    assert pa.record_batch(out).schema.field(0).nullable is False
+    with pytest.raises(AttributeError):
+        _native.Decoder([tuple(spec[0])], RecordTypeCode.EXAMPLE)
+    with pytest.raises(ValueError, match="^invalid column spec$"):
+        _native.Decoder([spec[0]._replace(shape=Shape.SCALAR, kind=Kind.NULL)], RecordTypeCode.EXAMPLE)
 
 
 def test_inspect_names_the_record_that_set_the_kind():
@@ -77,7 +92,9 @@ def test_encode_reads_its_columns_by_name():
     assert np.frombuffer(enc.offsets, np.int64).tolist() == [0, len(enc.data) // 2]
     found = _native.scan(bytes(enc.data))
     assert (found.error_count, found.consumed, found.need, found.resyncing) == (0, len(enc.data), 0, False)
-    with pytest.raises(ValueError, match=r"^column b'v': fewer values than rows$"):
+    with pytest.raises(_native.CodecError, match=r"^column b'v': fewer values than rows$") as info:
         _native.encode(RecordTypeCode.EXAMPLE, 3, [col])
+    assert type(info.value) is _native.CodecError
+    assert (info.value.status, info.value.column, info.value.record) == (Status.FEWER_VALUES_THAN_ROWS, b"v", -1)
     with pytest.raises(AttributeError):
         _native.encode(RecordTypeCode.EXAMPLE, 2, [tuple(col)])

@@ -219,8 +219,8 @@ def test_write_refuses_an_inexact_decimal_naming_column_row_and_both_fixes():
     back = read_rule(float(nearest_float32(Decimal("123456.788"))), t)
     assert e.value.column == "l" and str(e.value) == (
         f"column 'l': decimal value 123456.788 (row 2) has no exact float32 form, TFRecord's only float type (it "
-        f"would read back as {back}); pass allow_decimal_narrowing=True (CLI: --allow-decimal-narrowing) to round "
-        "it, or cast the column to float32")
+        f"would read back as {back}); pass allow_decimal_narrowing=True to round it, or "
+        "cast the column to float32")
     seq = pa.record_batch({"s": pa.array([[[Decimal("1.5")]], [[], [Decimal("0.25"), Decimal("123456.788")]]],
                                          pa.list_(pa.list_(t)))})
     with pytest.raises(TFRecordError, match=r"column 's': decimal value 123456.788 \(row 1\)"):

@@ -62,7 +62,7 @@ def test_encode_rejects_a_bitmap_offset_that_overflows_with_the_row_count():
         try:
             _native.encode(RecordTypeCode.EXAMPLE, 3, [EncodeColumn(
                 b"a", Kind.INT64, Shape.SCALAR, b"\\xff", {2**63 - 3}, None, None, np.zeros(3, np.int64), None)])
-        except ValueError as e:
+        except _native.CodecError as e:
             print(e)
     """)
     assert out.returncode == 0 and out.stdout.strip() == "column b'a': validity bitmap too short", out.stderr[-2000:]
@@ -70,7 +70,7 @@ def test_encode_rejects_a_bitmap_offset_that_overflows_with_the_row_count():
 
 def test_encode_rejects_a_row_count_whose_successor_overflows():
     # fuzz target `encode` (UBSan): nrows + 1 overflowed int64 in the list-offsets check.
-    with pytest.raises(ValueError, match=r"^column b'a': fewer list offsets than rows$"):
+    with pytest.raises(_native.CodecError, match=r"^column b'a': fewer list offsets than rows$"):
         _native.encode(RecordTypeCode.EXAMPLE, 2**63 - 1, [EncodeColumn(
             b"a", Kind.INT64, Shape.LIST, None, 0, np.zeros(2, np.int64), None, np.zeros(1, np.int64), None)])
 

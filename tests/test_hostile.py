@@ -135,7 +135,8 @@ def test_zero_length_records_are_records(tmp_path):
     # an entry whose value claims 9 bytes but 1 is left in the entry
     (ld(1, ld(1, ld(1, b"a") + b"\x12\x09\x1a")), None, "length-delimited field overruns its parent message", 7),
     # a Feature whose int64_list claims 5 bytes, its packed values 9
-    (example(entry(b"a", b"\x1a\x05\x0a\x09\x01\x02\x03")), "a", "length-delimited field overruns its parent message", 11),
+    (example(entry(b"a", b"\x1a\x05\x0a\x09\x01\x02\x03")), "a",
+     "length-delimited field overruns its parent message", 11),
 ])
 def test_nested_lengths_overrunning_their_parent(tmp_path, bad, column, what, at):
     err = second_record_error(tmp_path, bad)

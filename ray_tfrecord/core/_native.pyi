@@ -1,8 +1,13 @@
 """Type stub of the native codec (ray_tfrecord/core/native/module.c). Enum values: see _contract.py."""
 
-from collections.abc import Buffer as BufferLike
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+from typing_extensions import Buffer as _Buffer
+
+# What the functions read through the buffer protocol (numpy's stubs do not declare it for arrays).
+BufferLike: TypeAlias = _Buffer | np.ndarray[Any, Any]
 
 HARDWARE_CRC: Final[bool]
 STATUS: Final[dict[str, int]]
@@ -18,7 +23,8 @@ class Buffer:
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class CodecError(ValueError):
-    """A record the core could not decode or inspect; str() is the status's message."""
+    """A record the core could not decode or inspect (str() is the status's message), or a column's
+    buffers it could not encode (str() names the column)."""
 
     status: int
     record: int
@@ -43,15 +49,20 @@ class ScanResult(tuple[Any, ...]):
     need: int
     resyncing: bool
 
-class DecodedColumn(tuple[Any, ...]):
-    validity: Buffer | None
-    null_count: int
-    row_offsets: Buffer | None
-    inner_offsets: Buffer | None
-    values: Buffer
-    data: Buffer | None
-    value_count: int
-    step_count: int
+class Batch:
+    """A decoded chunk as an Arrow struct array (pa.record_batch(batch) imports it, once)."""
+
+    @property
+    def null_column(self) -> int: ...
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+
+class Decoder:
+    """Decoder(columns, record_type): columns are DecodeSpecs; record_type an Example or SequenceExample code."""
+
+    def __init__(self, columns: Sequence[Any], record_type: int) -> None: ...
+    @property
+    def nogil_ns(self) -> int: ...
+    def decode(self, buffer: BufferLike, positions: BufferLike, lengths: BufferLike, /) -> Batch: ...
 
 class InspectedColumn(tuple[Any, ...]):
     name: bytes
@@ -70,12 +81,17 @@ class ByteArray(tuple[Any, ...]):
     offsets: Buffer
     data: Buffer
 
+class Encoder:
+    """Encoder(columns, record_type): columns are EncodeSpecs; record_type a record type code."""
+
+    def __init__(self, columns: Sequence[Any], record_type: int) -> None: ...
+    def encode(self, batch: Any, nrows: int, converted: Sequence[Any], /) -> Encoded: ...
+
 def scan(buffer: BufferLike, verify: bool = True, final: bool = True, skip: bool = False, limit: int = -1,
          resync: bool = False) -> ScanResult: ...
 def masked_crc32c(data: BufferLike, /) -> int: ...
-def decode(buffer: BufferLike, positions: BufferLike, lengths: BufferLike, record_type: int,
-           columns: Sequence[Any], /) -> list[DecodedColumn]: ...
 def inspect(buffer: BufferLike, positions: BufferLike, lengths: BufferLike, record_type: int, /
             ) -> list[InspectedColumn]: ...
 def byte_array(buffer: BufferLike, positions: BufferLike, lengths: BufferLike, /) -> ByteArray: ...
 def encode(record_type: int, nrows: int, columns: Sequence[Any], /) -> Encoded: ...
+def pool_held() -> int: ...

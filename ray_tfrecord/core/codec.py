@@ -34,23 +34,22 @@ Example::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from . import _decimal, _native
-from ._contract import DecodeSpec, EncodeColumn, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
+from . import _native
+from ._casts import cast, first_true
+from ._columns import Narrowing, encode_column, leaf_values, natively_readable, null_in_list
+from ._contract import DecodeSpec, EncodeColumn, EncodeSpec, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import HEADER_BYTES, RecordChunk
 from .options import RecordType
-from .types import KIND_NAMES, NATIVE_LEAF, column_spec, leaf_kind, leaf_type, record_type_code, single_chunk
+from .types import KIND_NAMES, column_spec, leaf_kind, native_type, record_type_code, single_chunk
 
 #: The schema of ``record_type="ByteArray"``: each record's raw payload.
 BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
-
 
 
 class EncodedRecords(NamedTuple):
@@ -67,45 +66,99 @@ class EncodedRecords(NamedTuple):
 # decode
 
 
-def _buf(b) -> pa.Buffer | None:
-    return None if b is None else pa.py_buffer(b)
+class Decoder:
+    """Decodes chunks of framed records into record batches of one ``schema``, with exactly its columns.
+
+    Built once per schema (the columns' specs and the name table live in the native decoder), it
+    decodes each chunk in one native call that also assembles the Arrow record batch, without the
+    GIL; only columns whose type in ``schema`` differs from the one decoded (other int widths,
+    strings, decimals, large or extension types) are then converted in Python. One decoder may
+    decode on several threads at once; a batch it returns does not depend on it.
+
+    Raises :class:`SchemaError` for a column type with no TFRecord form, and from :meth:`decode`
+    :class:`DecodeError` naming the file, the record's offset and the column.
+
+    >>> import io
+    >>> import pyarrow as pa
+    >>> from ray_tfrecord.core.framing import iter_chunks
+    >>> batch = pa.record_batch({"id": pa.array([1, 2]), "tags": pa.array([["a"], []], pa.list_(pa.binary()))})
+    >>> decoder = Decoder(batch.schema)
+    >>> (chunk,) = iter_chunks(io.BytesIO(bytes(encode(batch).data)), path="<memory>")
+    >>> decoder.decode(chunk).equals(batch)
+    True
+    """
+
+    def __init__(self, schema: pa.Schema, record_type: RecordType = "Example") -> None:
+        self.schema = schema
+        self.record_type = record_type
+        self._rtype = record_type_code(record_type)
+        self._types = {f.name: f.type for f in schema}
+        self._native: _native.Decoder | None = None
+        self._casts: list[int] = []
+        self._exact = False
+        if len(schema) == 0 or self._rtype == RecordTypeCode.BYTE_ARRAY:
+            return
+        specs = [column_spec(f, record_type) for f in schema]
+        self._native = _native.Decoder(
+            [DecodeSpec(f.name.encode(), kind, shape, n,
+                        Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT, f.nullable)
+             for f, (kind, shape, n) in zip(schema, specs)], self._rtype)
+        native = pa.schema([pa.field(f.name, native_type(*spec), f.nullable) for f, spec in zip(schema, specs)])
+        self._casts = [i for i, f in enumerate(schema) if f.type != native.field(i).type]
+        # The batch comes from native code ready to hand on (given the schema's own metadata) when
+        # it has the schema's very fields: types, names (native names end at a NUL), nullability,
+        # no field metadata; otherwise its columns are re-wrapped.
+        fields = pa.schema(list(schema))
+        self._exact = native.equals(fields, check_metadata=True) and not any("\0" in f.name for f in schema)
+
+    @property
+    def native_seconds(self) -> float:
+        """Seconds all :meth:`decode` calls together spent in native code without the GIL."""
+        return self._native.nogil_ns / 1e9 if self._native is not None else 0.0
+
+    def decode(self, chunk: RecordChunk) -> pa.RecordBatch:
+        """The records of ``chunk`` as a record batch with exactly the decoder's schema."""
+        nrows = len(chunk)
+        if self._native is None:
+            if len(self.schema) == 0:
+                return pa.RecordBatch.from_struct_array(pa.array([{}] * nrows, type=pa.struct([])))
+            raw = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
+            arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(raw.offsets), pa.py_buffer(raw.data)])
+            return pa.RecordBatch.from_arrays([cast(arr, f, chunk) for f in self.schema], schema=self.schema)
+        try:
+            out = self._native.decode(chunk.buffer, chunk.positions, chunk.lengths)
+        except _native.CodecError as e:
+            raise _decode_error(e, chunk, self._types) from None
+        batch = pa.record_batch(out)
+        if self._exact and out.null_column < 0:
+            return batch if self.schema.metadata is None else batch.replace_schema_metadata(self.schema.metadata)
+        arrays = batch.columns
+        for i in self._casts:
+            arrays[i] = cast(arrays[i], self.schema.field(i), chunk)
+        if out.null_column >= 0:
+            # A missing feature decodes as null; a not-null field must not hand one on (Parquet and
+            # other consumers trust the flag), so the record is refused, as Spark refuses it.
+            arr = arrays[out.null_column]
+            raise DecodeError("the record lacks this feature but the schema declares the field not nullable; "
+                              "declare it nullable=True or write the feature in every record",
+                              path=chunk.path, offset=chunk.offset(first_true(arr.is_null())),
+                              column=self.schema.field(out.null_column).name)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-def _build(kind: Kind, shape: Shape, n: int, res: _native.DecodedColumn, nrows: int) -> pa.Array:
-    vbuf = _buf(res.validity)
-    nulls, nvals = res.null_count, res.value_count
-    leaf_type = NATIVE_LEAF[kind]
-    if kind == Kind.NULL:
-        leaf = pa.nulls(nvals)
-    elif kind == Kind.BYTES:
-        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(res.values), _buf(res.data) or pa.py_buffer(b"")])
-    else:
-        leaf = pa.Array.from_buffers(leaf_type, nvals, [None, _buf(res.values)])
-    if shape == Shape.SCALAR:
-        return pa.Array.from_buffers(leaf_type, nrows, [vbuf, *leaf.buffers()[1:]], null_count=nulls)
-    if shape == Shape.FIXED:
-        return pa.Array.from_buffers(pa.list_(leaf_type, n), nrows, [vbuf], null_count=nulls, children=[leaf])
-    if shape == Shape.LIST:
-        return pa.Array.from_buffers(pa.list_(leaf_type), nrows, [vbuf, _buf(res.row_offsets)], null_count=nulls,
-                                     children=[leaf])
-    steps = pa.Array.from_buffers(pa.list_(leaf_type), res.step_count, [None, _buf(res.inner_offsets)], null_count=0,
-                                  children=[leaf])
-    return pa.Array.from_buffers(pa.list_(pa.list_(leaf_type)), nrows, [vbuf, _buf(res.row_offsets)], null_count=nulls,
-                                 children=[steps])
-
-
-def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFRecordError:
+def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict[str, pa.DataType]) -> TFRecordError:
     name = e.column.decode("utf-8", "replace") if e.column is not None else None
     offset = chunk.offset(e.record) if e.record >= 0 else None
     stream = " in the decompressed stream" if chunk.compressed else ""
     status, actual, expected = Status(e.status), e.actual, e.expected
+    spec = specs.get(name) if name is not None else None
     if is_malformed(status):
         msg = f"malformed record{stream}: {e} (at byte {e.offset} of the record)"
     elif status == Status.KIND_MISMATCH:
-        msg = f"feature is {KIND_NAMES[actual]} but the schema says {KIND_NAMES[expected]} ({specs.get(name, '?')})"
+        msg = f"feature is {KIND_NAMES[Kind(actual)]} but the schema says {KIND_NAMES[Kind(expected)]} ({spec or '?'})"
     elif status == Status.COUNT_MISMATCH:
-        scalar = expected == 1 and specs.get(name) is not None and not pa.types.is_fixed_size_list(specs[name])
-        shape = "a scalar column" if scalar else f"a {specs.get(name, 'fixed-size')} column"
+        scalar = expected == 1 and spec is not None and not pa.types.is_fixed_size_list(spec)
+        shape = "a scalar column" if scalar else f"a {spec or 'fixed-size'} column"
         values = f"{expected} value{'s' if expected != 1 else ''}"
         msg = f"{shape} needs exactly {values} but the record{stream} holds {actual}"
     elif status in (Status.BYTES_TOO_LARGE, Status.TOO_MANY_VALUES):
@@ -115,117 +168,25 @@ def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict) -> TFR
     return DecodeError(msg, path=chunk.path, offset=offset, column=name)
 
 
-def _cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
-    if arr.type == field.type:
-        return arr
-    if isinstance(field.type, pa.ExtensionType):
-        storage = _cast(arr, pa.field(field.name, field.type.storage_type), chunk)
-        return pa.ExtensionArray.from_storage(field.type, storage)
-    leaf = leaf_type(field.type)
-    if _decimal.is_decimal(leaf):
-        arr = _decimals(arr, leaf, chunk, field.name)
-        if arr.type == field.type:
-            return arr
-    try:
-        return arr.cast(field.type, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        row = _first_bad_row(arr, field.type)
-        offset = chunk.offset(row) if row is not None else None
-        raise DecodeError(f"cannot convert {arr.type} to {field.type}: {e}", path=chunk.path, offset=offset,
-                          column=field.name) from None
-
-
-def _decimals(arr: pa.Array, t: pa.DataType, chunk: RecordChunk, column: str) -> pa.Array:
-    """A decoded float32 column (scalar or nested lists) with its values as decimals of type ``t``."""
-    out, row, value = _decimal_leaf(arr, t)
-    if row is None:
-        return out
-    if not np.isfinite(value):
-        msg = f"float_list value {np.float32(value)} has no decimal form; read the column as float32"
-    else:
-        need = _decimal.digits(value, t.scale)
-        wide = pa.decimal128 if need <= 38 else pa.decimal256
-        fix = f"ask for {wide(need, t.scale)} in the schema" if need <= 76 else "read the column as float32"
-        msg = (f"float_list value {np.float32(value)} has {need} digits at scale {t.scale} (rounded half to even), "
-               f"more than {t} holds; {fix}")
-    raise DecodeError(msg, path=chunk.path, offset=chunk.offset(row), column=column)
-
-
-def _decimal_leaf(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, int | None, float]:
-    """(``arr`` with decimal leaves, the first row holding a value with no ``t`` form or None, that value)."""
-    if pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
-        child, bad, value = _decimal_leaf(arr.values, t)
-        if pa.types.is_list(arr.type):
-            new_type, nbufs = pa.list_(child.type), 2
-            if bad is not None:
-                offsets = np.frombuffer(arr.buffers()[1], np.int32, count=arr.offset + len(arr) + 1)
-                bad = int(np.searchsorted(offsets, bad, "right")) - 1 - arr.offset
-        else:
-            new_type, nbufs = pa.list_(child.type, arr.type.list_size), 1
-            bad = None if bad is None else bad // arr.type.list_size - arr.offset
-        out = pa.Array.from_buffers(new_type, len(arr), arr.buffers()[:nbufs], null_count=arr.null_count,
-                                    offset=arr.offset, children=[child])
-        return out, bad, value
-    out, bad = _decimal.from_float32(arr, t)
-    if not bad.any():
-        return out, None, 0.0
-    i = int(np.flatnonzero(bad)[0])
-    return out, i, arr[i].as_py()
-
-
-def _first_bad_row(arr: pa.Array, t: pa.DataType) -> int | None:
-    for i in range(len(arr)):  # error path only: find the row to name in the message
-        try:
-            arr.slice(i, 1).cast(t, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return i
-    return None
-
-
-def _empty_batch(nrows: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_struct_array(pa.array([{}] * nrows, type=pa.struct([])))
-
-
 @functools.lru_cache(maxsize=64)
-def _decode_plan(schema: pa.Schema, record_type: RecordType) -> tuple[list, list[DecodeSpec]]:
-    """Each column's (kind, shape, fixed length) and the specs the native decoder reads. A read
-    decodes every chunk of every file with one schema; planning it per chunk was a third of
-    the time of a read task over 10,000 small files."""
-    specs = [column_spec(f, record_type) for f in schema]
-    columns = [DecodeSpec(f.name.encode(), kind, shape, n,
-                          Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT)
-               for f, (kind, shape, n) in zip(schema, specs)]
-    return specs, columns
+def _decoder(schema: pa.Schema, record_type: RecordType) -> Decoder:
+    """One decoder per schema: a read decodes every chunk of every file with one schema, and
+    planning it per chunk was a third of the time of a read task over 10,000 small files."""
+    return Decoder(schema, record_type)
 
 
 def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Example") -> pa.RecordBatch:
     """Decode the records of ``chunk`` into a record batch with exactly ``schema``'s columns.
 
     Raises :class:`DecodeError` naming the file, the record's offset and the column when a record
-    is malformed or a feature does not fit its column.
+    is malformed or a feature does not fit its column. A :class:`Decoder` kept for the schema does
+    the same without looking one up per chunk.
     """
-    rtype = record_type_code(record_type)
-    nrows = len(chunk)
-    if len(schema) == 0:
-        return _empty_batch(nrows)
-    if rtype == RecordTypeCode.BYTE_ARRAY:
-        raw = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
-        arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(raw.offsets), pa.py_buffer(raw.data)])
-        return pa.RecordBatch.from_arrays([_cast(arr, f, chunk) for f in schema], schema=schema)
-    specs, columns = _decode_plan(schema, record_type)
-    try:
-        results = _native.decode(chunk.buffer, chunk.positions, chunk.lengths, rtype, columns)
-    except _native.CodecError as e:
-        raise _decode_error(e, chunk, {f.name: f.type for f in schema}) from None
-    arrays = [_cast(_build(*spec, res, nrows), f, chunk) for f, spec, res in zip(schema, specs, results)]
-    for f, arr in zip(schema, arrays):
-        if not f.nullable and arr.null_count:
-            # A missing feature decodes as null; a not-null field must not hand one on (Parquet and
-            # other consumers trust the flag), so the record is refused, as Spark refuses it.
-            raise DecodeError("the record lacks this feature but the schema declares the field not nullable; "
-                              "declare it nullable=True or write the feature in every record",
-                              path=chunk.path, offset=chunk.offset(_first_true(arr.is_null())), column=f.name)
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    decoder = _decoder(schema, record_type)
+    if decoder.schema is not schema and not decoder.schema.equals(schema, check_metadata=True):
+        # Schemas that differ only in field metadata are equal, and hash alike, to the cache.
+        decoder = Decoder(schema, record_type)
+    return decoder.decode(chunk)
 
 
 def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArray, schema: pa.Schema,
@@ -250,7 +211,7 @@ def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
     arr = _records_array(records)
     n = len(arr)
     if arr.null_count:
-        raise DecodeError(f"record {_first_true(arr.is_null())} of a {n}-record batch is null, not a serialized "
+        raise DecodeError(f"record {first_true(arr.is_null())} of a {n}-record batch is null, not a serialized "
                           "record; drop or fill the null rows first")
     width = 8 if pa.types.is_large_binary(arr.type) else 4
     offsets = np.frombuffer(arr.buffers()[1], np.int32 if width == 4 else np.int64, n + 1,
@@ -260,6 +221,7 @@ def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
     # between, so the bytes before a payload may be anything: the previous record's tail, or (at
     # the start of the data, nothing being there) a copy's gap.
     data = arr.buffers()[2]
+    buffer: memoryview | np.ndarray
     if start >= HEADER_BYTES:
         buffer = memoryview(data)[start - HEADER_BYTES : end]
     else:
@@ -317,147 +279,95 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
         column_spec(f, record_type)
 
 
-def _first_true(mask: pa.Array) -> int:
-    return int(pc.index(mask, True).as_py())
+class Encoder:
+    """Encodes record batches of one ``schema`` into framed records (CRCs included), one record a row.
 
+    Built once per schema (the schema checked, each column's TFRecord form worked out and held by
+    the native encoder), it encodes each batch in one native call, which reads the batch through
+    the Arrow C data interface where a column's layout is already the encoder's (int64, float32,
+    binary or string values; lists, large lists, fixed-size lists of them); only other columns
+    (other widths, float64, decimals, extension types, ...) are converted in Python first. Null
+    cells become missing features. Raises :class:`SchemaError` for a column type with no TFRecord
+    form; :meth:`encode` raises :class:`TFRecordError` for values that cannot be written without
+    loss: a null inside a list, ``float64`` and decimal values with no exact float32 form, unless
+    ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
+    nearest float32).
 
-def _leaf_values(leaf: pa.Array, kind: Kind, column: str, narrowing: _Narrowing,
-                 row_of: Callable[[int], int] = int) -> tuple:
-    """(values, data) buffers of a leaf array in the encoder's canonical layout; ``row_of`` maps a
-    leaf element to its row, for messages."""
-    t = leaf.type
-    if kind == Kind.NULL:
-        return None, None
-    if kind == Kind.BYTES:
-        if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
-            leaf = leaf.cast(pa.large_binary())
-        elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            leaf = leaf.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
-        bufs = leaf.buffers()
-        width = np.int64 if pa.types.is_large_binary(leaf.type) else np.int32
-        offsets = np.frombuffer(bufs[1], width, count=leaf.offset + len(leaf) + 1)[leaf.offset:]
-        return offsets.astype(np.int64), (bufs[2] if bufs[2] is not None else b"")
-    if kind == Kind.INT64:
-        if pa.types.is_uint64(t) and len(leaf) and pc.max(leaf).as_py() > 2**63 - 1:
-            row = _first_true(pc.greater(leaf, pa.scalar(2**63 - 1, pa.uint64())))
-            raise TFRecordError(f"uint64 value {leaf[row].as_py()} (element {row}) exceeds the int64 range of "
-                                "int64_list", column=column)
-        leaf = leaf.cast(pa.int64())
-        dtype = np.int64
-    elif _decimal.is_decimal(t):
-        return _decimal_values(leaf, column, narrowing.decimal, row_of), None
-    else:
-        if pa.types.is_float64(t) and not narrowing.float64:
-            narrow = leaf.cast(pa.float32(), safe=False)
-            exact = pc.or_(pc.equal(narrow.cast(pa.float64()), leaf), pc.is_nan(leaf))
-            if len(leaf) and not pc.all(exact).as_py():
-                row = _first_true(pc.invert(exact))
-                raise TFRecordError(f"float64 value {leaf[row].as_py()!r} is not exactly representable as float32, "
-                                    "TFRecord's only float type; pass allow_float64_narrowing=True (CLI: "
-                                    "--allow-float64-narrowing) to round it, or cast the column to float32",
-                                    column=column)
-        leaf = leaf.cast(pa.float32(), safe=False)
-        dtype = np.float32
-    return np.frombuffer(leaf.buffers()[1], dtype, count=leaf.offset + len(leaf))[leaf.offset:], None
+    >>> import pyarrow as pa
+    >>> batch = pa.record_batch({"id": pa.array([1, 2]), "x": pa.array([0.5, None])})
+    >>> len(Encoder(batch.schema).encode(batch))
+    2
+    """
 
+    def __init__(self, schema: pa.Schema, record_type: RecordType = "Example", *,
+                 allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> None:
+        check_encodable(schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
+        self.schema = schema
+        self.record_type = record_type
+        self._rtype = record_type_code(record_type)
+        self._narrowing = Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
+        self._native: _native.Encoder | None = None
+        if self._rtype == RecordTypeCode.BYTE_ARRAY:
+            return
+        self._specs = [column_spec(f, record_type) for f in schema]
+        self._native = _native.Encoder([EncodeSpec(f.name.encode(), *spec) for f, spec in zip(schema, self._specs)],
+                                       self._rtype)
+        readable = [natively_readable(f.type) for f in schema]
+        self._python = [i for i, ok in enumerate(readable) if not ok]
+        self._read = [i for i, ok in enumerate(readable) if ok]
 
-def _decimal_values(leaf: pa.Array, column: str, allow_decimal_narrowing: bool,
-                    row_of: Callable[[int], int]) -> np.ndarray:
-    values, inexact = _decimal.to_float32(leaf)
-    if not allow_decimal_narrowing and inexact.any():
-        i = int(np.flatnonzero(inexact)[0])
-        back = _decimal.text(_decimal.from_float32(pa.array(values[i:i + 1]), leaf.type)[0], 0)
-        raise TFRecordError(f"decimal value {_decimal.text(leaf, i)} (row {row_of(i)}) has no exact float32 form, "
-                            f"TFRecord's only float type (it would read back as {back}); pass "
-                            "allow_decimal_narrowing=True (CLI: --allow-decimal-narrowing) to round it, or cast the "
-                            "column to float32", column=column)
-    return values
-
-
-def _offsets(arr: pa.Array) -> np.ndarray:
-    return arr.offsets.to_numpy().astype(np.int64)
-
-
-def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -> None:
-    part = arr.slice(lo, max(0, hi - lo))
-    if part.null_count:
-        i = _first_true(part.is_null())
-        raise TFRecordError(f"null {what} at element {lo + i}; TFRecord lists cannot hold nulls (a null row is "
-                            "written as a missing feature)", column=column)
-
-
-class _Narrowing(NamedTuple):
-    """Which lossy conversions to float32 the caller allowed."""
-
-    float64: bool = False
-    decimal: bool = False
-
-
-def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
-    """Maps an element of a list column's leaf values to its row; ``levels``: the offsets from the
-    rows down, as the encoder has them."""
-    def row(i: int) -> int:
-        for offsets in reversed(levels):
-            i = int(np.searchsorted(offsets, i, "right")) - 1
-        return i
-    return row
-
-
-def _encode_column(f: pa.Field, arr: pa.Array, record_type: str, narrowing: _Narrowing) -> EncodeColumn:
-    kind, shape, n = column_spec(f, record_type)
-    if isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    valid = arr.buffers()[0] if arr.null_count else None
-    rowoff = inner = None
-    row_of = int
-    if shape == Shape.SCALAR:
-        leaf = arr
-    elif shape == Shape.FIXED:
-        leaf = arr.values
-        rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
-        row_of = _row_of(rowoff)
-        shape = Shape.LIST
-    else:
-        rowoff = _offsets(arr)
-        leaf = arr.values
-        row_of = _row_of(rowoff)
-        if shape == Shape.SEQUENCE:
-            steps = leaf
-            _no_nulls_between(steps, int(rowoff[0]), int(rowoff[-1]), f.name, "inner list")
-            inner = _offsets(steps)
-            leaf = steps.values
-            row_of = _row_of(rowoff, inner)
-            lo, hi = (int(inner[rowoff[0]]), int(inner[rowoff[-1]])) if len(arr) else (0, 0)
+    def encode(self, batch: pa.RecordBatch | pa.Table) -> EncodedRecords:
+        """Every row of ``batch`` (with the encoder's column names and types) as one framed record."""
+        if batch.schema.names != self.schema.names or batch.schema.types != self.schema.types:
+            raise SchemaError(f"this encoder writes batches of {self.schema}, not {batch.schema}")
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
+                [], schema=batch.schema)
+        if self._native is None:
+            arr, name = batch.column(0), self.schema[0].name
+            if arr.null_count:
+                raise TFRecordError(f"null record at row {first_true(arr.is_null())}", column=name)
+            vals, data = leaf_values(arr, Kind.BYTES, name, self._narrowing)
+            cols = [EncodeColumn(name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
+            enc = _native.encode(self._rtype, batch.num_rows, cols)
         else:
-            lo, hi = (int(rowoff[0]), int(rowoff[-1])) if len(arr) else (0, 0)
-        _no_nulls_between(leaf, lo, hi, f.name, "list element")
-    vals, data = _leaf_values(leaf, kind, f.name, narrowing, row_of)
-    return EncodeColumn(f.name.encode(), kind, shape, valid, arr.offset, rowoff, inner, vals, data)
+            enc = self._encode_natively(batch)
+        return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))
+
+    def _encode_natively(self, batch: pa.RecordBatch) -> _native.Encoded:
+        assert self._native is not None
+        converted: list[EncodeColumn | None] = [None] * len(self.schema)
+        for i in self._python:
+            try:
+                converted[i] = self._column(batch, i)
+            except TFRecordError:
+                # The columns the native encoder reads have not been checked yet: the first error
+                # in column order is the one to report.
+                for k in self._read:
+                    if k < i:
+                        self._column(batch, k)
+                raise
+        try:
+            return self._native.encode(batch, batch.num_rows, converted)
+        except _native.CodecError as e:
+            if e.status not in (Status.NULL_INNER_LIST, Status.NULL_LIST_ELEMENT):
+                raise
+            what = "inner list" if e.status == Status.NULL_INNER_LIST else "list element"
+            raise null_in_list(what, e.actual, (e.column or b"").decode()) from None
+
+    def _column(self, batch: pa.RecordBatch, i: int) -> EncodeColumn:
+        return encode_column(self.schema.field(i), batch.column(i), self._specs[i], self._narrowing)
+
+
+@functools.lru_cache(maxsize=64)
+def _encoder(schema: pa.Schema, record_type: RecordType, allow_float64_narrowing: bool,
+             allow_decimal_narrowing: bool) -> Encoder:
+    return Encoder(schema, record_type, allow_float64_narrowing=allow_float64_narrowing,
+                   allow_decimal_narrowing=allow_decimal_narrowing)
 
 
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
            allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
-    """Encode every row of ``batch`` as one framed record (CRCs included).
-
-    Null cells become missing features. Raises :class:`SchemaError` for a column type with no
-    TFRecord form, :class:`TFRecordError` for values that cannot be written without loss:
-    ``float64`` and decimal values with no exact float32 form, unless
-    ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
-    nearest float32).
-    """
-    if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
-            [], schema=batch.schema)
-    check_encodable(batch.schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
-    rtype = record_type_code(record_type)
-    narrowing = _Narrowing(allow_float64_narrowing, allow_decimal_narrowing)
-    if rtype == RecordTypeCode.BYTE_ARRAY:
-        arr = batch.column(0)
-        if arr.null_count:
-            raise TFRecordError(f"null record at row {_first_true(arr.is_null())}", column=batch.schema[0].name)
-        vals, data = _leaf_values(arr, Kind.BYTES, batch.schema[0].name, narrowing)
-        cols = [EncodeColumn(batch.schema[0].name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
-    else:
-        cols = [_encode_column(f, batch.column(i), record_type, narrowing) for i, f in enumerate(batch.schema)]
-    enc = _native.encode(rtype, batch.num_rows, cols)
-    return EncodedRecords(memoryview(enc.data), np.frombuffer(enc.offsets, np.int64))
+    """Encode every row of ``batch`` as one framed record (CRCs included), as an :class:`Encoder`
+    for its schema does (one is kept per schema)."""
+    return _encoder(batch.schema, record_type, allow_float64_narrowing, allow_decimal_narrowing).encode(batch)

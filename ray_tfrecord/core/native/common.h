@@ -55,6 +55,9 @@
     /* a feature that does not fit its column */                                                    \
     X(KIND_MISMATCH, "feature kind differs from the column's kind")                                 \
     X(COUNT_MISMATCH, "feature holds the wrong number of values for its column")                    \
+    /* a value the encoder cannot write */                                                          \
+    X(NULL_INNER_LIST, "null inner list")                                                           \
+    X(NULL_LIST_ELEMENT, "null list element")                                                       \
     /* limits of one call (32-bit Arrow offsets) */                                                 \
     X(BYTES_TOO_LARGE, "bytes values exceed 2 GiB in one batch")                                    \
     X(TOO_MANY_VALUES, "more than 2^31 values in one batch")                                        \
@@ -128,8 +131,11 @@ typedef struct {
  * memory from rt_pool_alloc may be released with free() or rt_pool_free(p, cap), the latter
  * recycling it. */
 #define RT_POOL_MIN ((size_t)256 << 10)
+#define RT_POOL_BYTES ((size_t)256 << 20) /* the most the pool holds, in all threads together */
 RT_API void *rt_pool_alloc(size_t want, size_t *cap);
 RT_API void rt_pool_free(void *p, size_t cap);
+/* Bytes the pool holds for reuse (at most RT_POOL_BYTES), in all threads' caches. */
+RT_API size_t rt_pool_held(void);
 
 /* Afterwards b->p is never NULL, so callers may form b->p + b->len even to write nothing. */
 static RT_MAYBE_UNUSED int buf_reserve(Buf *b, size_t extra) {

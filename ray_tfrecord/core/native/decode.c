@@ -9,6 +9,21 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
     return RT_OK;
 }
 
+/* A column's state before its first record: the leading zero of each offsets buffer. */
+static rt_status col_begin(Col *c) {
+    c->seen = -1;
+    int32_t zero = 0;
+    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL, c->shape == S_LIST || c->shape == S_SEQ ? &c->rowoff : NULL,
+                     c->shape == S_SEQ ? &c->inner : NULL};
+    for (int i = 0; i < 3; i++) {
+        if (!starts[i]) continue;
+        if (buf_reserve(starts[i], 4)) return RT_OUT_OF_MEMORY;
+        memcpy(starts[i]->p, &zero, 4);
+        starts[i]->len = 4;
+    }
+    return RT_OK;
+}
+
 RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section) {
     if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
@@ -21,22 +36,23 @@ RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name
     c->shape = shape;
     c->fixed_n = fixed_n;
     c->section = section;
-    c->seen = -1;
-    int32_t zero = 0;
-    if (c->kind == K_BYTES) {
-        if (buf_reserve(&c->vals, 4)) return RT_OUT_OF_MEMORY;
-        memcpy(c->vals.p, &zero, 4);
-        c->vals.len = 4;
-    }
-    if (c->shape == S_LIST || c->shape == S_SEQ) {
-        if (buf_reserve(&c->rowoff, 4)) return RT_OUT_OF_MEMORY;
-        memcpy(c->rowoff.p, &zero, 4);
-        c->rowoff.len = 4;
-    }
-    if (c->shape == S_SEQ) {
-        if (buf_reserve(&c->inner, 4)) return RT_OUT_OF_MEMORY;
-        memcpy(c->inner.p, &zero, 4);
-        c->inner.len = 4;
+    return col_begin(c);
+}
+
+RT_API rt_status rt_decode_start(Cols *cs, const Cols *tmpl) {
+    rt_status st = rt_decode_init(cs, tmpl->ncols);
+    if (st != RT_OK) return st;
+    cs->names = tmpl->names;
+    cs->shared_names = 1;
+    memset(cs->names.pred, 0, sizeof(cs->names.pred));
+    for (int i = 0; i < tmpl->ncols; i++) {
+        const Col *t = &tmpl->cols[i];
+        Col *c = &cs->cols[cs->ncols++];
+        c->kind = t->kind;
+        c->shape = t->shape;
+        c->fixed_n = t->fixed_n;
+        c->section = t->section;
+        if ((st = col_begin(c)) != RT_OK) return st;
     }
     return RT_OK;
 }
@@ -51,7 +67,7 @@ RT_API void rt_decode_free(Cols *cs) {
         buf_free(&c->data);
     }
     free(cs->cols);
-    rt_table_free(&cs->names);
+    if (!cs->shared_names) rt_table_free(&cs->names);
     memset(cs, 0, sizeof(*cs));
 }
 

@@ -22,6 +22,7 @@ typedef struct {
     Col *cols;
     int ncols, cap;
     rt_table names; /* names.keys[i]: cols[i]'s name */
+    int shared_names; /* names belongs to the Cols this one started from (rt_decode_start) */
     int64_t nrecords;
 } Cols;
 
@@ -37,6 +38,11 @@ RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name
  * 0, or -1 with c->err set. */
 RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
                       const int64_t *lens, int64_t nrec);
+/* A call's columns from a decoder's, built once with rt_decode_init and rt_decode_add_column: the
+ * same specs, and the same name table read-only (its lookup predictions are this call's own), so
+ * that calls on several threads share one decoder. RT_OK or RT_OUT_OF_MEMORY; free cs with
+ * rt_decode_free whatever it returns, and before tmpl. */
+RT_API rt_status rt_decode_start(Cols *cs, const Cols *tmpl);
 RT_API void rt_decode_free(Cols *cs);
 
 /* ByteArray records: their raw payloads as one binary column (int32 offsets, data). */

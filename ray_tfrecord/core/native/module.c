@@ -10,8 +10,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <structmember.h>
+
 #include <limits.h>
 #include <stdarg.h>
+#include <time.h>
 
 #define RT_API static
 #include "pool.c"
@@ -21,6 +24,7 @@
 #include "decode.c"
 #include "inspect.c"
 #include "encode.c"
+#include "arrow.c"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory the cores allocated, owned by a Python object from here on                 */
@@ -69,11 +73,6 @@ static PyObject *buf_to_py(Buf *b) {
     return (PyObject *)o;
 }
 
-static PyObject *maybe_buf(Buf *b) {
-    if (!b->p) Py_RETURN_NONE;
-    return buf_to_py(b);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Named results                                                                               */
 
@@ -91,16 +90,6 @@ static PyStructSequence_Field frame_error_fields[] = {
     {"offset", "where the record's header starts in the buffer"},
     {"length", "what the length field claims (TRUNCATED_DATA, BAD_DATA_CRC)"},
     {"available", "the bytes left after the header (TRUNCATED_HEADER: the bytes left)"},
-    {NULL, NULL}};
-static PyStructSequence_Field decoded_fields[] = {
-    {"validity", "validity bitmap, or None when no row is null"},
-    {"null_count", "null rows"},
-    {"row_offsets", "int32 offsets of each row (list and sequence shapes), else None"},
-    {"inner_offsets", "int32 offsets of each step (sequence shape), else None"},
-    {"values", "int64 or float32 values, or for bytes the int32 offsets into data"},
-    {"data", "bytes values, or None"},
-    {"value_count", "values in all rows"},
-    {"step_count", "steps in all rows (sequence shape)"},
     {NULL, NULL}};
 static PyStructSequence_Field inspected_fields[] = {
     {"name", "the feature's name"},
@@ -123,15 +112,13 @@ static PyStructSequence_Field byte_array_fields[] = {
 static PyStructSequence_Desc scan_desc = {"ray_tfrecord.core._native.ScanResult", "What scan() found.", scan_fields, 7};
 static PyStructSequence_Desc frame_error_desc = {"ray_tfrecord.core._native.FrameError", "A framing defect.",
                                                  frame_error_fields, 4};
-static PyStructSequence_Desc decoded_desc = {"ray_tfrecord.core._native.DecodedColumn",
-                                             "One column's Arrow buffers, from decode().", decoded_fields, 8};
 static PyStructSequence_Desc inspected_desc = {"ray_tfrecord.core._native.InspectedColumn",
                                                "One feature's statistics, from inspect().", inspected_fields, 7};
 static PyStructSequence_Desc encoded_desc = {"ray_tfrecord.core._native.Encoded", "What encode() wrote.", encoded_fields, 2};
 static PyStructSequence_Desc byte_array_desc = {"ray_tfrecord.core._native.ByteArray",
                                                 "Records' payloads as one binary column.", byte_array_fields, 2};
 
-static PyTypeObject *ScanResultType, *FrameErrorType, *DecodedColumnType, *InspectedColumnType, *EncodedType,
+static PyTypeObject *ScanResultType, *FrameErrorType, *InspectedColumnType, *EncodedType,
     *ByteArrayType;
 
 /* A struct sequence of type from Py_BuildValue's fmt (a tuple format; N steals as usual). */
@@ -154,9 +141,11 @@ static PyObject *new_struct(PyTypeObject *type, const char *fmt, ...) {
 
 static PyObject *CodecError;
 
-/* Raises CodecError(message) with the core's error as attributes; column: the column's name. */
-static void raise_codec_error(const rt_error *e, PyObject *column) {
-    PyObject *exc = PyObject_CallFunction(CodecError, "s", rt_status_message(e->status));
+/* Raises CodecError(message) with the core's error as attributes; column: the column's name;
+ * message: the status's own when NULL. */
+static void raise_codec_error(const rt_error *e, PyObject *column, PyObject *message) {
+    PyObject *exc = message ? PyObject_CallOneArg(CodecError, message)
+                            : PyObject_CallFunction(CodecError, "s", rt_status_message(e->status));
     if (!exc) return;
     struct {
         const char *name;
@@ -318,71 +307,231 @@ static void raise_record_error(const Ctx *ctx, const rt_table *names) {
     }
     const rt_key *k = ctx->err.col >= 0 ? &names->keys[ctx->err.col] : NULL;
     PyObject *name = k ? PyBytes_FromStringAndSize((const char *)k->name, (Py_ssize_t)k->len) : NULL;
-    if (!k || name) raise_codec_error(&ctx->err, name);
+    if (!k || name) raise_codec_error(&ctx->err, name, NULL);
     Py_XDECREF(name);
 }
 
-static PyObject *py_decode(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *b, *p, *l, *spec;
+/* A decode's result: the chunk's record batch as an Arrow C data interface array and schema,
+ * handed to pyarrow (once) through the PyCapsule protocol's __arrow_c_array__. */
+typedef struct {
+    PyObject_HEAD
+    struct ArrowArray array;
+    struct ArrowSchema schema;
+    int null_column;
+} BatchObject;
+
+static void batch_dealloc(BatchObject *self) {
+    if (self->array.release) self->array.release(&self->array);
+    if (self->schema.release) self->schema.release(&self->schema);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void array_capsule_free(PyObject *capsule) {
+    struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (a && a->release) a->release(a);
+    PyMem_Free(a);
+}
+
+static void schema_capsule_free(PyObject *capsule) {
+    struct ArrowSchema *s = PyCapsule_GetPointer(capsule, "arrow_schema");
+    if (s && s->release) s->release(s);
+    PyMem_Free(s);
+}
+
+/* The (schema, array) capsules, moving the batch into them: a batch is imported once. The
+ * requested schema is ignored, as the protocol allows: the codec casts what it must itself. */
+static PyObject *batch_arrow_c_array(BatchObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"requested_schema", NULL};
+    PyObject *requested = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &requested)) return NULL;
+    if (!self->array.release) {
+        PyErr_SetString(PyExc_ValueError, "the batch was already imported");
+        return NULL;
+    }
+    struct ArrowArray *a = PyMem_Malloc(sizeof(*a));
+    struct ArrowSchema *sc = PyMem_Malloc(sizeof(*sc));
+    PyObject *ac = a ? PyCapsule_New(a, "arrow_array", array_capsule_free) : NULL;
+    PyObject *scc = sc && ac ? PyCapsule_New(sc, "arrow_schema", schema_capsule_free) : NULL;
+    if (!scc) {
+        if (ac) {
+            a->release = NULL; /* the capsule frees a, and the batch still owns its contents */
+            Py_DECREF(ac);
+        } else {
+            PyMem_Free(a);
+        }
+        PyMem_Free(sc);
+        return PyErr_NoMemory();
+    }
+    *a = self->array;
+    *sc = self->schema;
+    self->array.release = NULL;
+    self->schema.release = NULL;
+    return Py_BuildValue("(NN)", scc, ac);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"__arrow_c_array__", (PyCFunction)(void (*)(void))batch_arrow_c_array, METH_VARARGS | METH_KEYWORDS,
+     "__arrow_c_array__(requested_schema=None) -> (schema capsule, array capsule); once per batch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef batch_members[] = {
+    {"null_column", T_INT, offsetof(BatchObject, null_column), READONLY,
+     "the first column declared not nullable that holds a null row, -1 if none"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_methods = batch_methods,
+    .tp_members = batch_members,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A decoded chunk as an Arrow struct array (pa.record_batch(batch) imports it, once).",
+};
+
+/* A decoder for one schema: the columns' specs and the name table, built once and then only read,
+ * so several threads may decode with it at once. */
+typedef struct {
+    PyObject_HEAD
+    Cols tmpl;
+    PyObject *names; /* the columns' names (bytes), which tmpl's table borrows */
+    uint8_t *not_null;
     int rtype;
-    if (!PyArg_ParseTuple(args, "OOOiO", &b, &p, &l, &rtype, &spec)) return NULL;
+    unsigned long long nogil_ns;
+} DecoderObject;
+
+static void decoder_dealloc(DecoderObject *self) {
+    rt_decode_free(&self->tmpl);
+    Py_XDECREF(self->names);
+    PyMem_Free(self->not_null);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"columns", "record_type", NULL};
+    PyObject *spec;
+    int rtype;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype)) return NULL;
+    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE) {
+        PyErr_SetString(PyExc_ValueError, "a Decoder decodes Example or SequenceExample records");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) return NULL;
+    DecoderObject *self = (DecoderObject *)type->tp_alloc(type, 0);
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    if (!self) goto fail;
+    self->rtype = rtype;
+    rt_status st = rt_decode_init(&self->tmpl, ncols > INT_MAX ? INT_MAX : (int)ncols);
+    if (st != RT_OK || ncols > INT_MAX) {
+        raise_status(st != RT_OK ? st : RT_BAD_SPEC);
+        goto fail;
+    }
+    if (!(self->names = PyList_New(ncols)) || !(self->not_null = PyMem_Calloc((size_t)(ncols ? ncols : 1), 1))) {
+        if (self->names) PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        int kind, shape, section, nullable;
+        long long fixed_n;
+        if (!name) goto fail;
+        PyList_SET_ITEM(self->names, i, name);
+        if (attr_int(col, "kind", &kind) || attr_int(col, "shape", &shape) || attr_ll(col, "fixed_size", &fixed_n) ||
+            attr_int(col, "section", &section) || attr_int(col, "nullable", &nullable))
+            goto fail;
+        self->not_null[i] = !nullable;
+        st = rt_decode_add_column(&self->tmpl, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
+                                  kind, shape, fixed_n, section);
+        if (st != RT_OK) {
+            raise_status(st);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return (PyObject *)self;
+fail:
+    Py_XDECREF(self);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+/* Decoding and assembling the batch both run without the GIL: what is left with it is argument
+ * parsing and one import into pyarrow, whatever the number of columns. */
+static PyObject *decoder_decode(DecoderObject *self, PyObject *args) {
+    PyObject *b, *p, *l;
+    if (!PyArg_ParseTuple(args, "OOO", &b, &p, &l)) return NULL;
     Spans s;
     if (spans_get(b, p, l, &s)) return NULL;
-    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
-    if (!seq) {
+    BatchObject *batch = PyObject_New(BatchObject, &BatchType);
+    if (!batch) {
         spans_release(&s);
         return NULL;
     }
-    PyObject *result = NULL, *names = NULL; /* names keeps the columns' names alive */
+    batch->array.release = NULL;
+    batch->schema.release = NULL;
+    batch->null_column = -1;
     Cols cs;
-    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
-    rt_status st = rt_decode_init(&cs, ncols > INT_MAX ? INT_MAX : (int)ncols);
-    if (st != RT_OK || ncols > INT_MAX) {
-        raise_status(st != RT_OK ? st : RT_BAD_SPEC);
-        goto done;
-    }
-    if (!(names = PyList_New(ncols))) goto done;
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
-        int kind, shape, section;
-        long long fixed_n;
-        if (!name) goto done;
-        PyList_SET_ITEM(names, i, name);
-        if (attr_int(col, "kind", &kind) || attr_int(col, "shape", &shape) || attr_ll(col, "fixed_size", &fixed_n) ||
-            attr_int(col, "section", &section))
-            goto done;
-        st = rt_decode_add_column(&cs, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name), kind,
-                                  shape, fixed_n, section);
-        if (st != RT_OK) {
-            raise_status(st);
-            goto done;
-        }
-    }
     Ctx ctx = {.record = -1};
-    int rc;
+    int rc = 0;
+    rt_status st;
+    unsigned long long t0 = now_ns();
     Py_BEGIN_ALLOW_THREADS
-    rc = rt_decode_records(&ctx, &cs, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        raise_record_error(&ctx, &cs.names);
-        goto done;
+    st = rt_decode_start(&cs, &self->tmpl);
+    if (st == RT_OK) {
+        rc = rt_decode_records(&ctx, &cs, self->rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
+        for (int i = 0; !rc && i < cs.ncols && batch->null_column < 0; i++)
+            if (self->not_null[i] && cs.cols[i].nulls) batch->null_column = i;
+        if (!rc) st = rt_arrow_schema(&cs, self->not_null, &batch->schema);
+        if (!rc && st == RT_OK) st = rt_arrow_export(&cs, &batch->array);
     }
-    result = PyList_New(ncols);
-    for (Py_ssize_t i = 0; result && i < ncols; i++) {
-        Col *c = &cs.cols[i];
-        PyObject *valid = c->nulls ? buf_to_py(&c->valid) : Py_NewRef(Py_None);
-        PyObject *t = new_struct(DecodedColumnType, "(NLNNNNLL)", valid, (long long)c->nulls, maybe_buf(&c->rowoff),
-                                 maybe_buf(&c->inner), buf_to_py(&c->vals), maybe_buf(&c->data), (long long)c->nvals,
-                                 (long long)c->ninner);
-        if (!t) Py_CLEAR(result);
-        else PyList_SET_ITEM(result, i, t);
-    }
-done:
     rt_decode_free(&cs);
-    Py_XDECREF(names);
-    Py_DECREF(seq);
+    Py_END_ALLOW_THREADS
+    self->nogil_ns += now_ns() - t0;
     spans_release(&s);
-    return result;
+    if (rc || st != RT_OK) {
+        if (rc) raise_record_error(&ctx, &self->tmpl.names);
+        else raise_status(st);
+        Py_DECREF(batch);
+        return NULL;
+    }
+    return (PyObject *)batch;
+}
+
+static PyMethodDef decoder_methods[] = {
+    {"decode", (PyCFunction)decoder_decode, METH_VARARGS,
+     "decode(buffer, positions, lengths) -> Batch: the records at positions (payload lengths) in buffer"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef decoder_members[] = {
+    {"nogil_ns", T_ULONGLONG, offsetof(DecoderObject, nogil_ns), READONLY,
+     "nanoseconds all decode calls together spent without the GIL"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Decoder",
+    .tp_basicsize = sizeof(DecoderObject),
+    .tp_dealloc = (destructor)decoder_dealloc,
+    .tp_new = decoder_new,
+    .tp_methods = decoder_methods,
+    .tp_members = decoder_members,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Decoder(columns, record_type): columns are objects with name, kind, shape, fixed_size, section,\n"
+              "nullable (a DecodeSpec); record_type an Example or SequenceExample code.",
+};
+
+static PyObject *py_pool_held(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    return PyLong_FromSize_t(rt_pool_held());
 }
 
 static PyObject *py_inspect(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -460,73 +609,282 @@ static int attr_buffer(PyObject *o, const char *name, Py_buffer *v, Mem *m, int 
     return rc < 0 ? -1 : 0;
 }
 
+/* Column c from an EncodeColumn (read by attribute), its buffers' views kept in v[0..4] for
+ * release and its name (a new reference) in *name. */
+static int ecol_from_attrs(PyObject *col, ECol *c, Py_buffer v[5], PyObject **name) {
+    long long voff;
+    if (!(*name = attr_name(col))) return -1;
+    c->key = (const uint8_t *)PyBytes_AS_STRING(*name);
+    c->key_len = (size_t)PyBytes_GET_SIZE(*name);
+    if (attr_int(col, "kind", &c->kind) || attr_int(col, "shape", &c->shape) ||
+        attr_ll(col, "validity_offset", &voff) || attr_buffer(col, "validity", &v[0], &c->valid, &c->has_valid) ||
+        attr_buffer(col, "row_offsets", &v[1], &c->rowoff, &c->has_rowoff) ||
+        attr_buffer(col, "inner_offsets", &v[2], &c->inner, &c->has_inner) ||
+        attr_buffer(col, "values", &v[3], &c->vals, &c->has_vals) ||
+        attr_buffer(col, "data", &v[4], &c->data, &c->has_data))
+        return -1;
+    c->valid_off = voff;
+    return 0;
+}
+
+/* Raises the CodecError of a column the encoder refused (status in e->status). */
+static void raise_column_error(rt_error *e, PyObject *name) {
+    PyObject *msg = PyUnicode_FromFormat("column %R: %s", name, rt_status_message(e->status));
+    if (msg) raise_codec_error(e, name, msg);
+    Py_XDECREF(msg);
+}
+
+/* The columns of one encode call: ECols, the views of the Python buffers behind them, and the
+ * int64 offsets widened from an Arrow batch's. */
+typedef struct {
+    Py_ssize_t n;
+    ECol *cols;
+    Py_buffer (*views)[5]; /* valid, rowoff, inner, vals, data */
+    Buf (*owned)[3];
+    uint8_t *from_batch; /* whether column i is read from an Arrow batch */
+} EncodeCall;
+
+static int call_init(EncodeCall *k, Py_ssize_t n) {
+    k->n = n;
+    k->cols = calloc((size_t)(n ? n : 1), sizeof(ECol));
+    k->views = calloc((size_t)(n ? n : 1), sizeof(*k->views));
+    k->owned = calloc((size_t)(n ? n : 1), sizeof(*k->owned));
+    k->from_batch = calloc((size_t)(n ? n : 1), 1);
+    if (k->cols && k->views && k->owned && k->from_batch && n <= INT_MAX) return 0;
+    raise_status(n > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
+    return -1;
+}
+
+static void call_free(EncodeCall *k) {
+    for (Py_ssize_t i = 0; i < k->n && k->views; i++)
+        for (int j = 0; j < 5; j++)
+            if (k->views[i][j].obj) PyBuffer_Release(&k->views[i][j]);
+    for (Py_ssize_t i = 0; i < k->n && k->owned; i++)
+        for (int j = 0; j < 3; j++) buf_free(&k->owned[i][j]);
+    free(k->cols);
+    free(k->views);
+    free(k->owned);
+    free(k->from_batch);
+}
+
+/* Encodes the prepared columns (GIL released): an Encoded, or NULL with the error raised. */
+static PyObject *encode_columns(EncodeCall *k, int rtype, long long nrows, PyObject *names) {
+    Buf out = {0}, offs = {0};
+    rt_status st;
+    int bad_col;
+    Py_BEGIN_ALLOW_THREADS
+    st = rt_encode(k->cols, (int)k->n, rtype, nrows, &out, &offs, &bad_col);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (st != RT_OK && bad_col >= 0) {
+        rt_error e = {.status = st, .record = -1, .col = bad_col, .offset = -1, .other_record = -1};
+        raise_column_error(&e, PyList_GET_ITEM(names, bad_col));
+    } else if (st != RT_OK) {
+        raise_status(st);
+    } else {
+        result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
+    }
+    buf_free(&out);
+    buf_free(&offs);
+    return result;
+}
+
+static int encode_args_ok(int rtype, long long nrows) {
+    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTES) return 1;
+    PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
+    return 0;
+}
+
 static PyObject *py_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     int rtype;
     long long nrows;
     PyObject *spec;
-    if (!PyArg_ParseTuple(args, "iLO", &rtype, &nrows, &spec)) return NULL;
-    if (nrows < 0 || rtype < R_EXAMPLE || rtype > R_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "iLO", &rtype, &nrows, &spec) || !encode_args_ok(rtype, nrows)) return NULL;
     PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
-    ECol *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(ECol));
-    Py_buffer(*views)[5] = calloc((size_t)(ncols ? ncols : 1), sizeof(*views)); /* valid, rowoff, inner, vals, data */
+    EncodeCall k;
     PyObject *result = NULL, *names = PyList_New(ncols); /* names keeps the columns' names alive */
-    Buf out = {0}, offs = {0};
-    if (!cols || !views || !names || ncols > INT_MAX) {
-        if (names) raise_status(ncols > INT_MAX ? RT_BAD_SPEC : RT_OUT_OF_MEMORY);
-        goto done;
-    }
+    if (call_init(&k, ncols) || !names) goto done;
     for (Py_ssize_t i = 0; i < ncols; i++) {
-        ECol *c = &cols[i];
-        Py_buffer *v = views[i];
-        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
-        long long voff;
-        if (!name) goto done;
-        PyList_SET_ITEM(names, i, name);
-        c->key = (const uint8_t *)PyBytes_AS_STRING(name);
-        c->key_len = (size_t)PyBytes_GET_SIZE(name);
-        if (attr_int(col, "kind", &c->kind) || attr_int(col, "shape", &c->shape) ||
-            attr_ll(col, "validity_offset", &voff) || attr_buffer(col, "validity", &v[0], &c->valid, &c->has_valid) ||
-            attr_buffer(col, "row_offsets", &v[1], &c->rowoff, &c->has_rowoff) ||
-            attr_buffer(col, "inner_offsets", &v[2], &c->inner, &c->has_inner) ||
-            attr_buffer(col, "values", &v[3], &c->vals, &c->has_vals) ||
-            attr_buffer(col, "data", &v[4], &c->data, &c->has_data))
-            goto done;
-        c->valid_off = voff;
-        if (rt_encode_prepare(c, rtype, ncols) != RT_OK) {
+        PyObject *name = NULL;
+        int rc = ecol_from_attrs(PySequence_Fast_GET_ITEM(seq, i), &k.cols[i], k.views[i], &name);
+        if (name) PyList_SET_ITEM(names, i, name);
+        if (rc) goto done;
+        if (rt_encode_prepare(&k.cols[i], rtype, ncols) != RT_OK) {
             PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", name);
             goto done;
         }
     }
-    rt_status st;
-    int bad_col;
-    Py_BEGIN_ALLOW_THREADS
-    st = rt_encode(cols, (int)ncols, rtype, nrows, &out, &offs, &bad_col);
-    Py_END_ALLOW_THREADS
-    if (st != RT_OK) {
-        if (bad_col >= 0)
-            PyErr_Format(PyExc_ValueError, "column %R: %s", PyList_GET_ITEM(names, bad_col), rt_status_message(st));
-        else
-            raise_status(st);
-        goto done;
-    }
-    result = new_struct(EncodedType, "(NN)", buf_to_py(&out), buf_to_py(&offs));
+    result = encode_columns(&k, rtype, nrows, names);
 done:
-    for (Py_ssize_t i = 0; i < ncols && views; i++)
-        for (int k = 0; k < 5; k++)
-            if (views[i][k].obj) PyBuffer_Release(&views[i][k]);
-    free(cols);
-    free(views);
-    buf_free(&out);
-    buf_free(&offs);
+    call_free(&k);
     Py_XDECREF(names);
     Py_DECREF(seq);
     return result;
 }
+
+/* An encoder for one schema: each column's name, kind and shape, read once. */
+typedef struct {
+    int kind, shape;
+    int64_t fixed_n;
+} ESpec;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *names; /* bytes, one a column */
+    ESpec *specs;
+    int rtype;
+} EncoderObject;
+
+static void encoder_dealloc(EncoderObject *self) {
+    Py_XDECREF(self->names);
+    PyMem_Free(self->specs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *encoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"columns", "record_type", NULL};
+    PyObject *spec;
+    int rtype;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype) || !encode_args_ok(rtype, 0)) return NULL;
+    PyObject *seq = PySequence_Fast(spec, "columns must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    EncoderObject *self = (EncoderObject *)type->tp_alloc(type, 0);
+    if (!self) goto fail;
+    self->rtype = rtype;
+    if (!(self->names = PyList_New(ncols))) goto fail;
+    if (!(self->specs = PyMem_Calloc((size_t)(ncols ? ncols : 1), sizeof(ESpec)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = attr_name(col);
+        ESpec *e = &self->specs[i];
+        long long fixed_n;
+        if (!name) goto fail;
+        PyList_SET_ITEM(self->names, i, name);
+        if (attr_int(col, "kind", &e->kind) || attr_int(col, "shape", &e->shape) ||
+            attr_ll(col, "fixed_size", &fixed_n))
+            goto fail;
+        e->fixed_n = fixed_n;
+        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQ || fixed_n < 0) {
+            raise_status(RT_BAD_SPEC);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return (PyObject *)self;
+fail:
+    Py_XDECREF(self);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* The exported batch's struct array and schema, from the (schema, array) capsules of t. */
+static int batch_import(PyObject *t, Py_ssize_t ncols, long long nrows, struct ArrowSchema **s, struct ArrowArray **a) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+        PyErr_SetString(PyExc_TypeError, "__arrow_c_array__ must return (schema capsule, array capsule)");
+        return -1;
+    }
+    *s = PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 0), "arrow_schema");
+    *a = *s ? PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 1), "arrow_array") : NULL;
+    if (!*a) return -1;
+    if (strcmp((*s)->format, "+s") || (*s)->n_children != ncols || (*a)->n_children != ncols || (*a)->length < nrows) {
+        PyErr_SetString(PyExc_ValueError, "the batch does not have the encoder's columns");
+        return -1;
+    }
+    return 0;
+}
+
+/* Columns are read from batch (its Arrow C data interface export) but those that converted
+ * gives as an EncodeColumn (None: read from the batch). Reading and encoding run without the GIL. */
+static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
+    PyObject *batch, *conv;
+    long long nrows;
+    if (!PyArg_ParseTuple(args, "OLO", &batch, &nrows, &conv) || !encode_args_ok(self->rtype, nrows)) return NULL;
+    PyObject *seq = PySequence_Fast(conv, "converted must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t ncols = PyList_GET_SIZE(self->names);
+    PyObject *result = NULL, *exported = NULL;
+    struct ArrowSchema *sch = NULL;
+    struct ArrowArray *arr = NULL;
+    EncodeCall k;
+    if (call_init(&k, ncols)) goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != ncols) {
+        PyErr_SetString(PyExc_ValueError, "converted must hold one entry a column");
+        goto done;
+    }
+    int native = 0;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *col = PySequence_Fast_GET_ITEM(seq, i), *name = NULL;
+        if (col == Py_None) {
+            native = k.from_batch[i] = 1;
+            continue;
+        }
+        int rc = ecol_from_attrs(col, &k.cols[i], k.views[i], &name);
+        Py_XDECREF(name); /* self->names holds the column's name; the converted one must match it */
+        if (rc) goto done;
+        if (rt_encode_prepare(&k.cols[i], self->rtype, ncols) != RT_OK) {
+            PyErr_Format(PyExc_ValueError, "invalid encode spec for column %R", PyList_GET_ITEM(self->names, i));
+            goto done;
+        }
+    }
+    if (native && (!(exported = PyObject_CallMethod(batch, "__arrow_c_array__", NULL)) ||
+                   batch_import(exported, ncols, nrows, &sch, &arr)))
+        goto done;
+    rt_status st = RT_OK;
+    rt_error e = {.record = -1, .col = -1, .offset = -1, .other_record = -1};
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < ncols && st == RT_OK; i++) {
+        ECol *c = &k.cols[i];
+        if (!k.from_batch[i]) continue;
+        const ESpec *sp = &self->specs[i];
+        st = rt_arrow_ecol(arr->children[i], sch->children[i], nrows, sp->kind, sp->shape, sp->fixed_n, c, k.owned[i], &e);
+        if (st == RT_OK) st = rt_encode_prepare(c, self->rtype, ncols);
+        e.col = (int)i;
+    }
+    Py_END_ALLOW_THREADS
+    if (st == RT_NULL_INNER_LIST || st == RT_NULL_LIST_ELEMENT) {
+        e.status = st;
+        raise_column_error(&e, PyList_GET_ITEM(self->names, e.col));
+        goto done;
+    }
+    if (st != RT_OK) {
+        raise_status(st);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *name = PyList_GET_ITEM(self->names, i);
+        k.cols[i].key = (const uint8_t *)PyBytes_AS_STRING(name);
+        k.cols[i].key_len = (size_t)PyBytes_GET_SIZE(name);
+    }
+    result = encode_columns(&k, self->rtype, nrows, self->names);
+done:
+    call_free(&k);
+    Py_XDECREF(exported);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef encoder_methods[] = {
+    {"encode", (PyCFunction)encoder_encode, METH_VARARGS,
+     "encode(batch, nrows, converted) -> Encoded: nrows rows of batch (an object with __arrow_c_array__),\n"
+     "column i read from the batch where converted[i] is None, else from converted[i] (an EncodeColumn)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ray_tfrecord.core._native.Encoder",
+    .tp_basicsize = sizeof(EncoderObject),
+    .tp_dealloc = (destructor)encoder_dealloc,
+    .tp_new = encoder_new,
+    .tp_methods = encoder_methods,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Encoder(columns, record_type): columns are objects with name, kind, shape, fixed_size\n"
+              "(an EncodeSpec, shapes as decode's); record_type a record type code.",
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* The module: functions, result types, and the constants Python mirrors as IntEnums          */
@@ -535,9 +893,7 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))py_scan, METH_VARARGS | METH_KEYWORDS,
      "scan(buffer, verify=True, final=True, skip=False, limit=-1, resync=False) -> ScanResult"},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int"},
-    {"decode", py_decode, METH_VARARGS,
-     "decode(buffer, positions, lengths, record_type, columns) -> list[DecodedColumn]\n"
-     "columns: objects with name, kind, shape, fixed_size, section (a DecodeSpec)."},
+    {"pool_held", py_pool_held, METH_NOARGS, "pool_held() -> int: bytes of recycled buffers kept for reuse"},
     {"inspect", py_inspect, METH_VARARGS, "inspect(buffer, positions, lengths, record_type) -> list[InspectedColumn]"},
     {"byte_array", py_byte_array, METH_VARARGS, "byte_array(buffer, positions, lengths) -> ByteArray"},
     {"encode", py_encode, METH_VARARGS,
@@ -599,14 +955,19 @@ static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *des
 
 PyMODINIT_FUNC PyInit__native(void) {
     rt_crc_init();
-    if (PyType_Ready(&NativeBufferType) < 0) return NULL;
+    if (PyType_Ready(&NativeBufferType) < 0 || PyType_Ready(&BatchType) < 0 || PyType_Ready(&DecoderType) < 0 ||
+        PyType_Ready(&EncoderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     CodecError = PyErr_NewException("ray_tfrecord.core._native.CodecError", PyExc_ValueError, NULL);
     if (!CodecError || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&NativeBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
+        PyModule_AddObjectRef(m, "Decoder", (PyObject *)&DecoderType) < 0 ||
+        PyModule_AddObjectRef(m, "Encoder", (PyObject *)&EncoderType) < 0 ||
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
-        add_type(m, &DecodedColumnType, &decoded_desc) || add_type(m, &InspectedColumnType, &inspected_desc) ||
+        add_type(m, &InspectedColumnType, &inspected_desc) ||
         add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
         add_constants(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
         Py_DECREF(m);
