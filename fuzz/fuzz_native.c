@@ -146,11 +146,11 @@ static void check_column(const Col *c, int64_t nrec) {
     if (c->shape == S_SCALAR) CHECK(c->nvals == nrec);
     if (c->shape == S_FIXED) CHECK(c->nvals == nrec * c->fixed_n);
     if (c->shape == S_LIST) check_offsets(&c->rowoff, nrec, c->nvals);
-    if (c->shape == S_SEQ) {
+    if (c->shape == S_SEQUENCE) {
         check_offsets(&c->rowoff, nrec, c->ninner);
         check_offsets(&c->inner, c->ninner, c->nvals);
     }
-    if (c->shape == S_LIST || c->shape == S_SEQ)
+    if (c->shape == S_LIST || c->shape == S_SEQUENCE)
         for (int64_t i = 0; i < nrec; i++)
             if (!col_valid(c, i)) CHECK(rd_i32(c->rowoff.p + 4 * i) == rd_i32(c->rowoff.p + 4 * (i + 1)));
     if (c->kind == K_BYTES) check_offsets(&c->vals, c->nvals, (int64_t)c->data.len);
@@ -320,7 +320,7 @@ static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray 
     int n = tmpl->ncols;
     for (int i = 0; i < n; i++) {
         const rt_key *k = &tmpl->names.keys[i];
-        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i || (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQ))
+        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i || (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQUENCE))
             return;
     }
     ECol cols[8];
@@ -379,8 +379,8 @@ static void check_export(Cols *cs, const Cols *tmpl, int rtype, const uint8_t *n
         check_arrow(a.children[i], c);
         /* every buffer its layout uses is the array's now (or, a bitmap without nulls, freed) */
         const Col *col = &cs->cols[i];
-        int list = col->shape == S_LIST || col->shape == S_SEQ;
-        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQ || !col->inner.p));
+        int list = col->shape == S_LIST || col->shape == S_SEQUENCE;
+        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQUENCE || !col->inner.p));
         CHECK((col->kind == K_NULL || !col->vals.p) && (col->kind != K_BYTES || !col->data.p));
     }
     check_reencode(tmpl, rtype, &a, &s);
@@ -420,7 +420,7 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
         const uint8_t *name;
         size_t len = in_take(&in, k >> 4, &name);
         int shape = (k >> 2) & 3;
-        rt_status st = rt_decode_add_column(&tmpl, name, len, k & 3, shape, f & 7, shape == S_SEQ);
+        rt_status st = rt_decode_add_column(&tmpl, name, len, k & 3, shape, f & 7, shape == S_SEQUENCE);
         CHECK(st == RT_OK || st == RT_BAD_SPEC);
         if (st == RT_OK) not_null[tmpl.ncols - 1] = (f >> 3) & 1;
     }
@@ -449,7 +449,7 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
 }
 
 static int fuzz_decode_example(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_EXAMPLE); }
-static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_SEQUENCE); }
+static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_SEQUENCE_EXAMPLE); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* inspect: byte 0 picks Example or SequenceExample; then records. When inspect succeeds, a     */
@@ -457,7 +457,7 @@ static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_
 
 static int fuzz_inspect(const uint8_t *data, size_t size) {
     In in = {data, data + size};
-    int rtype = in_byte(&in) & 1 ? R_SEQUENCE : R_EXAMPLE;
+    int rtype = in_byte(&in) & 1 ? R_SEQUENCE_EXAMPLE : R_EXAMPLE;
     Records r;
     records_from(&in, &r);
     Stats cs = {0};
@@ -471,7 +471,7 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
             const rt_key *k = &cs.names.keys[i];
             int kind = c->kind == K_NONE ? K_NULL : c->kind;
             CHECK(c->kind == K_NONE ? c->kind_record == -1 : c->kind_record >= 0 && c->kind_record < r.nrec);
-            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQ : S_LIST, 0, c->section) == RT_OK);
+            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQUENCE : S_LIST, 0, c->section) == RT_OK);
         }
         Ctx dctx = {.record = -1};
         CHECK(rt_decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
@@ -539,17 +539,17 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
     ECol *e = &g->e;
     uint8_t b = in_byte(in);
     e->kind = b & 3;
-    e->shape = (b >> 2) % 3 == 2 ? S_SEQ : (b >> 2) % 3;
-    if (rtype == R_EXAMPLE && e->shape == S_SEQ) e->shape = S_LIST;
+    e->shape = (b >> 2) % 3 == 2 ? S_SEQUENCE : (b >> 2) % 3;
+    if (rtype == R_EXAMPLE && e->shape == S_SEQUENCE) e->shape = S_LIST;
     if (e->kind == K_NULL && e->shape == S_SCALAR) e->shape = S_LIST;
-    if (rtype == R_BYTES) e->kind = K_BYTES, e->shape = S_SCALAR;
+    if (rtype == R_BYTE_ARRAY) e->kind = K_BYTES, e->shape = S_SCALAR;
     g->name[0] = (uint8_t)ci; /* distinct keys: a repeated key would rightly lose its first value */
     const uint8_t *at;
     size_t nl = in_take(in, b >> 5, &at);
     memcpy(g->name + 1, at, nl);
     e->key = g->name;
     e->key_len = 1 + nl;
-    e->has_valid = rtype != R_BYTES && (in_byte(in) & 1);
+    e->has_valid = rtype != R_BYTE_ARRAY && (in_byte(in) & 1);
     e->valid_off = e->has_valid ? in_byte(in) & 15 : 0;
     size_t vbytes = (size_t)(e->valid_off + nrows + 7) / 8;
     g->valid = calloc(vbytes ? vbytes : 1, 1);
@@ -564,7 +564,7 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
         if (e->kind == K_NULL && e->shape == S_LIST && ecol_valid(e, i)) n = 0; /* only ever empty */
         g->rowoff[i + 1] = g->rowoff[i] + n;
     }
-    if (e->shape == S_SEQ) {
+    if (e->shape == S_SEQUENCE) {
         nsteps = g->rowoff[nrows] + in_byte(in) % 2;
         g->inner = malloc(sizeof(int64_t) * (size_t)(nsteps + 1));
         g->inner[0] = in_byte(in) % 3;
@@ -657,7 +657,7 @@ static void check_same_elems(const ECol *e, int64_t a, int64_t b, const Col *d, 
 
 /* Decodes what was encoded and compares every row with the buffers it came from. */
 static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, const Buf *out, const rt_scan *s) {
-    if (rtype == R_BYTES) {
+    if (rtype == R_BYTE_ARRAY) {
         for (int64_t i = 0; i < nrows; i++) {
             const int64_t *o = g[0].e.vals.buf;
             int64_t len = rd_i64(s->lens.p + 8 * i), p = rd_i64(s->pos.p + 8 * i);
@@ -670,7 +670,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
     CHECK(rt_decode_init(&cs, ncols) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
-        CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQ) == RT_OK);
+        CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQUENCE) == RT_OK);
     }
     Ctx ctx = {.record = -1};
     CHECK(rt_decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
@@ -688,7 +688,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
                 da = rd_i32(d->rowoff.p + 4 * r);
                 db = rd_i32(d->rowoff.p + 4 * (r + 1));
             }
-            if (e->shape != S_SEQ) {
+            if (e->shape != S_SEQUENCE) {
                 check_same_elems(e, a, b, d, da, db);
                 continue;
             }
@@ -706,7 +706,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
 static int fuzz_encode(const uint8_t *data, size_t size) {
     In in = {data, data + size};
     uint8_t b = in_byte(&in);
-    int raw = b >> 7, rtype = (b & 3) % 3, ncols = rtype == R_BYTES ? 1 : (b >> 2) % (MAXCOLS + 1);
+    int raw = b >> 7, rtype = (b & 3) % 3, ncols = rtype == R_BYTE_ARRAY ? 1 : (b >> 2) % (MAXCOLS + 1);
     int64_t nrows = raw ? raw_count(&in) : in_byte(&in) % 12;
     GenCol g[MAXCOLS];
     memset(g, 0, sizeof(g));

@@ -93,12 +93,22 @@ static inline const char *rt_status_message(rt_status s) {
     return (unsigned)s < RT_STATUS_COUNT ? messages[s] : "unknown status";
 }
 
-/* A feature's kind (K_NONE: no kind set, or not seen yet), a column's shape, the record type,
- * and the map a feature lives in. */
-enum { K_NONE = -1, K_BYTES = 0, K_FLOAT = 1, K_INT64 = 2, K_NULL = 3 };
-enum { S_SCALAR = 0, S_LIST = 1, S_FIXED = 2, S_SEQ = 3 };
-enum { R_EXAMPLE = 0, R_SEQUENCE = 1, R_BYTES = 2 };
-enum { SECTION_CONTEXT = 0, SECTION_FEATURE_LISTS = 1 };
+/* The codes Python mirrors as IntEnums, each named once: X(prefix, name, value) makes the C
+ * constant prefix_name, and module.c exports {"name": value} under the list's Python name. */
+/* A feature's kind (NONE: no kind set, or not seen yet); the column's leaf type. */
+#define RT_KIND_LIST(X) X(K, NONE, -1) X(K, BYTES, 0) X(K, FLOAT, 1) X(K, INT64, 2) X(K, NULL, 3)
+/* A column's shape: scalar, list, fixed-size list, or a SequenceExample feature_list. */
+#define RT_SHAPE_LIST(X) X(S, SCALAR, 0) X(S, LIST, 1) X(S, FIXED, 2) X(S, SEQUENCE, 3)
+#define RT_RECORD_TYPE_LIST(X) X(R, EXAMPLE, 0) X(R, SEQUENCE_EXAMPLE, 1) X(R, BYTE_ARRAY, 2)
+/* The map of a record a feature lives in. */
+#define RT_SECTION_LIST(X) X(SECTION, CONTEXT, 0) X(SECTION, FEATURE_LISTS, 1)
+
+#define RT_CONST_ENUM(prefix, name, value) prefix##_##name = value,
+enum { RT_KIND_LIST(RT_CONST_ENUM) };
+enum { RT_SHAPE_LIST(RT_CONST_ENUM) };
+enum { RT_RECORD_TYPE_LIST(RT_CONST_ENUM) };
+enum { RT_SECTION_LIST(RT_CONST_ENUM) };
+#undef RT_CONST_ENUM
 
 /* Where a call failed: the status plus what Python needs to name the file offset and column.
  * The last three are set only for the statuses named beside them. */

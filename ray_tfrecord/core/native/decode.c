@@ -13,8 +13,8 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
 static rt_status col_begin(Col *c) {
     c->seen = -1;
     int32_t zero = 0;
-    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL, c->shape == S_LIST || c->shape == S_SEQ ? &c->rowoff : NULL,
-                     c->shape == S_SEQ ? &c->inner : NULL};
+    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL, c->shape == S_LIST || c->shape == S_SEQUENCE ? &c->rowoff : NULL,
+                     c->shape == S_SEQUENCE ? &c->inner : NULL};
     for (int i = 0; i < 3; i++) {
         if (!starts[i]) continue;
         if (buf_reserve(starts[i], 4)) return RT_OUT_OF_MEMORY;
@@ -26,8 +26,8 @@ static rt_status col_begin(Col *c) {
 
 RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section) {
-    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
-        (kind == K_NULL && shape != S_LIST && shape != S_SEQ) ||
+    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQUENCE || fixed_n < 0 ||
+        (kind == K_NULL && shape != S_LIST && shape != S_SEQUENCE) ||
         (section != SECTION_CONTEXT && section != SECTION_FEATURE_LISTS))
         return RT_BAD_SPEC;
     if (rt_table_add(&cs->names, name, name_len, section) < 0) return RT_OUT_OF_MEMORY;
@@ -77,7 +77,7 @@ static void col_rollback(Col *c) {
     c->ninner = c->row_inner;
     c->data.len = (size_t)c->row_data;
     c->vals.len = c->kind == K_BYTES ? (size_t)(c->row_vals + 1) * 4 : (size_t)c->row_vals * elem_size(c->kind);
-    if (c->shape == S_SEQ) c->inner.len = (size_t)(c->row_inner + 1) * 4;
+    if (c->shape == S_SEQUENCE) c->inner.len = (size_t)(c->row_inner + 1) * 4;
 }
 
 /* One Feature message into column ci; returns the number of values through *count. */
@@ -184,7 +184,7 @@ static int finish_record(Ctx *c, Cols *cs) {
             col->nvals += fill;
         }
         if (col->shape == S_LIST && push_i32(c, &col->rowoff, col->nvals, ci)) return -1;
-        if (col->shape == S_SEQ && push_i32(c, &col->rowoff, col->ninner, ci)) return -1;
+        if (col->shape == S_SEQUENCE && push_i32(c, &col->rowoff, col->ninner, ci)) return -1;
         col->row_vals = col->nvals;
         col->row_inner = col->ninner;
         col->row_data = (int64_t)col->data.len;

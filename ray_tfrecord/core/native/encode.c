@@ -102,7 +102,7 @@ static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, s
 static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) {
+    if (c->shape != S_SEQUENCE) {
         *payload = list_payload(c, a, b);
         return feature_size(c, a, b, *payload);
     }
@@ -127,7 +127,7 @@ static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, s
     o = put_varint(o, body);
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) return write_feature(o, c, a, b, payload);
+    if (c->shape != S_SEQUENCE) return write_feature(o, c, a, b, payload);
     const int64_t *in = c->inner.buf;
     for (int64_t k = a; k < b; k++) {
         size_t step = list_payload(c, in[k], in[k + 1]);
@@ -161,7 +161,7 @@ static rt_status ecol_check(const ECol *c, int64_t nrows) {
     if (c->kind == K_BYTES && !monotone(c->vals.buf, c->nvals, c->ndata)) return RT_BYTES_OFFSETS_OUT_OF_RANGE;
     if (c->shape == S_SCALAR) return elems >= nrows ? RT_OK : RT_FEWER_VALUES_THAN_ROWS;
     if (c->nrowoff - 1 < nrows) return RT_FEWER_LIST_OFFSETS_THAN_ROWS;
-    if (c->shape == S_SEQ) {
+    if (c->shape == S_SEQUENCE) {
         if (!monotone(c->rowoff.buf, nrows + 1, c->ninner - 1)) return RT_SEQUENCE_OFFSETS_OUT_OF_RANGE;
         if (c->kind == K_NULL) return RT_OK;
         return monotone(c->inner.buf, c->ninner, elems) ? RT_OK : RT_INNER_OFFSETS_OUT_OF_RANGE;
@@ -177,11 +177,11 @@ static rt_status ecol_check(const ECol *c, int64_t nrows) {
 
 RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols) {
     int bad = c->kind < K_BYTES || c->kind > K_NULL || c->valid_off < 0 ||
-              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQ) ||
-              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQ && c->kind != K_NULL && !c->has_inner) ||
+              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQUENCE) ||
+              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQUENCE && c->kind != K_NULL && !c->has_inner) ||
               (c->kind != K_NULL && !c->has_vals) || (c->kind == K_BYTES && !c->has_data) ||
-              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQ) ||
-              (rtype == R_BYTES && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
+              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQUENCE) ||
+              (rtype == R_BYTE_ARRAY && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
     if (bad) return RT_BAD_SPEC;
     c->nrowoff = c->has_rowoff ? (int64_t)(c->rowoff.len / 8) : 0;
     c->ninner = c->has_inner ? (int64_t)(c->inner.len / 8) : 0;
@@ -210,24 +210,24 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
     }
     for (int64_t i = 0; i < nrows; i++) {
         size_t ctx = 0, fl = 0;
-        if (rtype == R_BYTES) { /* the single binary column is the record payload itself */
+        if (rtype == R_BYTE_ARRAY) { /* the single binary column is the record payload itself */
             int64_t a, b;
             row_span(&cols[0], i, &a, &b);
             const int64_t *off = cols[0].vals.buf;
             ctx = (size_t)(off[a + 1] - off[a]);
         }
-        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++) {
+        for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++) {
             const ECol *c = &cols[ci];
             if (!ecol_valid(c, i)) {
                 body[ci] = SIZE_MAX;
                 continue;
             }
             body[ci] = body_size(c, i, &pay[ci]);
-            if (c->shape == S_SEQ) fl += entry_total(c, body[ci]);
+            if (c->shape == S_SEQUENCE) fl += entry_total(c, body[ci]);
             else ctx += entry_total(c, body[ci]);
         }
-        size_t msg = rtype == R_BYTES ? ctx : 1 + vsize(ctx) + ctx;
-        if (rtype == R_SEQUENCE) msg += 1 + vsize(fl) + fl;
+        size_t msg = rtype == R_BYTE_ARRAY ? ctx : 1 + vsize(ctx) + ctx;
+        if (rtype == R_SEQUENCE_EXAMPLE) msg += 1 + vsize(fl) + fl;
         size_t need = msg + 16 + VARINT_SLACK;
         if (need > out->cap - out->len && buf_reserve(out, reserve_for(out->len, need, i, nrows))) {
             free(body);
@@ -241,7 +241,7 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
         memcpy(h, &len64, 8);
         uint32_t lc = masked_crc(h, 8);
         memcpy(h + 8, &lc, 4);
-        if (rtype == R_BYTES) {
+        if (rtype == R_BYTE_ARRAY) {
             const int64_t *off = cols[0].vals.buf;
             memcpy(o, (const uint8_t *)cols[0].data.buf + off[i], ctx);
             o += ctx;
@@ -249,13 +249,13 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
             *o++ = 0x0A;
             o = put_varint(o, ctx);
         }
-        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++)
-            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
-        if (rtype == R_SEQUENCE) {
+        for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++)
+            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
+        if (rtype == R_SEQUENCE_EXAMPLE) {
             *o++ = 0x12;
             o = put_varint(o, fl);
             for (int ci = 0; ci < ncols; ci++)
-                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], 0);
+                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], 0);
         }
         if ((size_t)(o - (h + 12)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
             free(body);

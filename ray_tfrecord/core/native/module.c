@@ -414,7 +414,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *spec;
     int rtype;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype)) return NULL;
-    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE) {
+    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE_EXAMPLE) {
         PyErr_SetString(PyExc_ValueError, "a Decoder decodes Example or SequenceExample records");
         return NULL;
     }
@@ -690,7 +690,7 @@ static PyObject *encode_columns(EncodeCall *k, int rtype, long long nrows, PyObj
 }
 
 static int encode_args_ok(int rtype, long long nrows) {
-    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTES) return 1;
+    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTE_ARRAY) return 1;
     PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
     return 0;
 }
@@ -769,7 +769,7 @@ static PyObject *encoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
             attr_ll(col, "fixed_size", &fixed_n))
             goto fail;
         e->fixed_n = fixed_n;
-        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQ || fixed_n < 0) {
+        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQUENCE || fixed_n < 0) {
             raise_status(RT_BAD_SPEC);
             goto fail;
         }
@@ -930,12 +930,12 @@ static int add_constants(PyObject *m) {
         RT_STATUS_LIST(RT_STATUS_NAMED)
 #undef RT_STATUS_NAMED
     };
-    static const Named kinds[] = {{"NONE", K_NONE}, {"BYTES", K_BYTES}, {"FLOAT", K_FLOAT}, {"INT64", K_INT64},
-                                  {"NULL", K_NULL}};
-    static const Named shapes[] = {{"SCALAR", S_SCALAR}, {"LIST", S_LIST}, {"FIXED", S_FIXED}, {"SEQUENCE", S_SEQ}};
-    static const Named record_types[] = {{"EXAMPLE", R_EXAMPLE}, {"SEQUENCE_EXAMPLE", R_SEQUENCE},
-                                         {"BYTE_ARRAY", R_BYTES}};
-    static const Named sections[] = {{"CONTEXT", SECTION_CONTEXT}, {"FEATURE_LISTS", SECTION_FEATURE_LISTS}};
+#define RT_CONST_NAMED(prefix, name, value) {#name, prefix##_##name},
+    static const Named kinds[] = {RT_KIND_LIST(RT_CONST_NAMED)};
+    static const Named shapes[] = {RT_SHAPE_LIST(RT_CONST_NAMED)};
+    static const Named record_types[] = {RT_RECORD_TYPE_LIST(RT_CONST_NAMED)};
+    static const Named sections[] = {RT_SECTION_LIST(RT_CONST_NAMED)};
+#undef RT_CONST_NAMED
 #define N(a) (sizeof(a) / sizeof(a[0]))
     return add_names(m, "STATUS", status, N(status)) || add_names(m, "KINDS", kinds, N(kinds)) ||
                    add_names(m, "SHAPES", shapes, N(shapes)) ||

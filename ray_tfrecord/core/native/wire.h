@@ -403,7 +403,7 @@ static inline int record_map(Ctx *c, const uint8_t **pp, const uint8_t *end, int
         int wt;
         if (rd_field(c, pp, end, &f, &wt, vs, ve, -1)) return -1;
         if (wt != 2) continue;
-        if (f == 1 || (f == 2 && rtype == R_SEQUENCE)) {
+        if (f == 1 || (f == 2 && rtype == R_SEQUENCE_EXAMPLE)) {
             *section = f == 1 ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
             return 1;
         }
