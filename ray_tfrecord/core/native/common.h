@@ -103,11 +103,18 @@ static inline const char *rt_status_message(rt_status s) {
 /* The map of a record a feature lives in. */
 #define RT_SECTION_LIST(X) X(SECTION, CONTEXT, 0) X(SECTION, FEATURE_LISTS, 1)
 
+/* A TFRecord frame: the payload's length (uint64), its masked CRC-32C (uint32), the payload, the
+ * payload's masked CRC-32C (uint32). Python's framing reads these sizes from the extension. */
+#define RT_FRAME_LIST(X) X(RT, LENGTH_BYTES, 8) X(RT, HEADER_BYTES, 12) X(RT, FOOTER_BYTES, 4)
+
 #define RT_CONST_ENUM(prefix, name, value) prefix##_##name = value,
 enum { RT_KIND_LIST(RT_CONST_ENUM) };
 enum { RT_SHAPE_LIST(RT_CONST_ENUM) };
 enum { RT_RECORD_TYPE_LIST(RT_CONST_ENUM) };
 enum { RT_SECTION_LIST(RT_CONST_ENUM) };
+enum { RT_FRAME_LIST(RT_CONST_ENUM) };
+/* What a frame adds to its payload. */
+#define RT_FRAME_OVERHEAD (RT_HEADER_BYTES + RT_FOOTER_BYTES)
 #undef RT_CONST_ENUM
 
 /* Where a call failed: the status plus what Python needs to name the file offset and column.
@@ -128,7 +135,7 @@ static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); re
 /* Whether the record whose header starts at pos, with a payload of len bytes, lies inside n bytes. */
 static inline int rt_span_ok(size_t n, int64_t pos, int64_t len) {
     return pos >= 0 && len >= 0 && (uint64_t)pos <= n && (uint64_t)len <= n - (uint64_t)pos &&
-           n - (uint64_t)pos - (uint64_t)len >= 12;
+           n - (uint64_t)pos - (uint64_t)len >= RT_HEADER_BYTES;
 }
 
 /* Growable output: filled while decoding or encoding, then handed to the caller as is. */

@@ -235,7 +235,7 @@ RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos,
     int32_t o = 0;
     memcpy(offsets->p, &o, 4);
     for (int64_t r = 0; r < nrec; r++) {
-        memcpy(data->p + o, buf + pos[r] + 12, (size_t)lens[r]);
+        memcpy(data->p + o, buf + pos[r] + RT_HEADER_BYTES, (size_t)lens[r]);
         o += (int32_t)lens[r];
         memcpy(offsets->p + 4 * (r + 1), &o, 4);
     }

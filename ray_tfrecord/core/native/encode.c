@@ -2,6 +2,7 @@
 #include "encode.h"
 
 #include "crc32c.h"
+#include "wire.h"
 
 /* 1 + floor(log2 / 7) without a division (protobuf's formula): it runs once per value, 784 per image. */
 static inline size_t vsize(uint64_t v) { return ((size_t)(63 - __builtin_clzll(v | 1)) * 9 + 73) >> 6; }
@@ -71,16 +72,16 @@ static size_t feature_size(const ECol *c, int64_t a, int64_t b, size_t payload) 
 static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, size_t payload) {
     if (c->kind == K_NULL) return o;
     size_t ls = list_size(c, a, b, payload);
-    *o++ = c->kind == K_BYTES ? 0x0A : c->kind == K_FLOAT ? 0x12 : 0x1A;
+    *o++ = (uint8_t)RT_TAG(field_of_kind(c->kind), WT_LEN);
     o = put_varint(o, ls);
     if (b <= a) return o;
     if (c->kind == K_INT64) {
         const int64_t *v = c->vals.buf;
-        *o++ = 0x0A;
+        *o++ = TAG_LIST_VALUE;
         o = put_varint(o, payload);
         for (int64_t k = a; k < b; k++) o = put_varint(o, (uint64_t)v[k]);
     } else if (c->kind == K_FLOAT) {
-        *o++ = 0x0A;
+        *o++ = TAG_LIST_VALUE;
         o = put_varint(o, payload);
         memcpy(o, (const uint8_t *)c->vals.buf + a * 4, payload);
         o += payload;
@@ -89,7 +90,7 @@ static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, s
         const uint8_t *d = c->data.buf;
         for (int64_t k = a; k < b; k++) {
             size_t len = (size_t)(off[k + 1] - off[k]);
-            *o++ = 0x0A;
+            *o++ = TAG_LIST_VALUE;
             o = put_varint(o, len);
             memcpy(o, d + off[k], len);
             o += len;
@@ -117,13 +118,13 @@ static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
 
 static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, size_t payload) {
     size_t entry = 1 + vsize(c->key_len) + c->key_len + 1 + vsize(body) + body;
-    *o++ = 0x0A;
+    *o++ = TAG_MAP_ENTRY;
     o = put_varint(o, entry);
-    *o++ = 0x0A;
+    *o++ = TAG_ENTRY_KEY;
     o = put_varint(o, c->key_len);
     memcpy(o, c->key, c->key_len);
     o += c->key_len;
-    *o++ = 0x12;
+    *o++ = TAG_ENTRY_VALUE;
     o = put_varint(o, body);
     int64_t a, b;
     row_span(c, i, &a, &b);
@@ -131,7 +132,7 @@ static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, s
     const int64_t *in = c->inner.buf;
     for (int64_t k = a; k < b; k++) {
         size_t step = list_payload(c, in[k], in[k + 1]);
-        *o++ = 0x0A;
+        *o++ = TAG_FEATURE_LIST_STEP;
         o = put_varint(o, feature_size(c, in[k], in[k + 1], step));
         o = write_feature(o, c, in[k], in[k + 1], step);
     }
@@ -228,7 +229,7 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
         }
         size_t msg = rtype == R_BYTE_ARRAY ? ctx : 1 + vsize(ctx) + ctx;
         if (rtype == R_SEQUENCE_EXAMPLE) msg += 1 + vsize(fl) + fl;
-        size_t need = msg + 16 + VARINT_SLACK;
+        size_t need = msg + RT_FRAME_OVERHEAD + VARINT_SLACK;
         if (need > out->cap - out->len && buf_reserve(out, reserve_for(out->len, need, i, nrows))) {
             free(body);
             return RT_OUT_OF_MEMORY;
@@ -236,34 +237,34 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
         int64_t start = (int64_t)out->len;
         memcpy(offs->p + offs->len, &start, 8);
         offs->len += 8;
-        uint8_t *h = out->p + out->len, *o = h + 12;
+        uint8_t *h = out->p + out->len, *o = h + RT_HEADER_BYTES;
         uint64_t len64 = msg;
-        memcpy(h, &len64, 8);
-        uint32_t lc = masked_crc(h, 8);
-        memcpy(h + 8, &lc, 4);
+        memcpy(h, &len64, sizeof(len64));
+        uint32_t lc = masked_crc(h, RT_LENGTH_BYTES);
+        memcpy(h + RT_LENGTH_BYTES, &lc, sizeof(lc));
         if (rtype == R_BYTE_ARRAY) {
             const int64_t *off = cols[0].vals.buf;
             memcpy(o, (const uint8_t *)cols[0].data.buf + off[i], ctx);
             o += ctx;
         } else {
-            *o++ = 0x0A;
+            *o++ = TAG_FEATURES;
             o = put_varint(o, ctx);
         }
         for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++)
             if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
         if (rtype == R_SEQUENCE_EXAMPLE) {
-            *o++ = 0x12;
+            *o++ = TAG_FEATURE_LISTS;
             o = put_varint(o, fl);
             for (int ci = 0; ci < ncols; ci++)
                 if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], 0);
         }
-        if ((size_t)(o - (h + 12)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
+        if ((size_t)(o - (h + RT_HEADER_BYTES)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
             free(body);
             return RT_SIZE_MISMATCH;
         }
-        uint32_t dc = masked_crc(h + 12, msg);
+        uint32_t dc = masked_crc(h + RT_HEADER_BYTES, msg);
         memcpy(o, &dc, 4);
-        out->len += msg + 16;
+        out->len += msg + RT_FRAME_OVERHEAD;
     }
     free(body);
     return RT_OK;

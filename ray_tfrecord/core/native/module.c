@@ -935,12 +935,13 @@ static int add_constants(PyObject *m) {
     static const Named shapes[] = {RT_SHAPE_LIST(RT_CONST_NAMED)};
     static const Named record_types[] = {RT_RECORD_TYPE_LIST(RT_CONST_NAMED)};
     static const Named sections[] = {RT_SECTION_LIST(RT_CONST_NAMED)};
+    static const Named frame[] = {RT_FRAME_LIST(RT_CONST_NAMED)};
 #undef RT_CONST_NAMED
 #define N(a) (sizeof(a) / sizeof(a[0]))
     return add_names(m, "STATUS", status, N(status)) || add_names(m, "KINDS", kinds, N(kinds)) ||
                    add_names(m, "SHAPES", shapes, N(shapes)) ||
                    add_names(m, "RECORD_TYPES", record_types, N(record_types)) ||
-                   add_names(m, "SECTIONS", sections, N(sections))
+                   add_names(m, "SECTIONS", sections, N(sections)) || add_names(m, "FRAME", frame, N(frame))
                ? -1
                : 0;
 #undef N

@@ -8,6 +8,46 @@
 
 #include "common.h"
 
+/* Protobuf's wire types, by protobuf's names. Groups (SGROUP, EGROUP) are refused as malformed,
+ * as TensorFlow's parse_example refuses them. */
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I32 = 5 };
+#define WT_BITS 3 /* a tag is field_number << WT_BITS | wire_type */
+
+/* Field numbers of tensorflow/core/example/{example,feature}.proto. */
+enum {
+    F_FEATURES = 1,         /* Example.features, SequenceExample.context */
+    F_FEATURE_LISTS = 2,    /* SequenceExample.feature_lists */
+    F_MAP_ENTRY = 1,        /* Features.feature, FeatureLists.feature_list: the map's entries */
+    F_ENTRY_KEY = 1,        /* a map entry's key */
+    F_ENTRY_VALUE = 2,      /* its value: a Feature, or a FeatureList */
+    F_BYTES_LIST = 1,       /* Feature's oneof kind: bytes_list, */
+    F_FLOAT_LIST = 2,       /* float_list, */
+    F_INT64_LIST = 3,       /* int64_list */
+    F_LIST_VALUE = 1,       /* BytesList, FloatList, Int64List: value */
+    F_FEATURE_LIST_STEP = 1 /* FeatureList.feature */
+};
+
+/* The one-byte tags of the length-delimited fields above, as written and as matched fast. */
+#define RT_TAG(field, wt) ((field) << WT_BITS | (wt))
+enum {
+    TAG_FEATURES = RT_TAG(F_FEATURES, WT_LEN),
+    TAG_FEATURE_LISTS = RT_TAG(F_FEATURE_LISTS, WT_LEN),
+    TAG_MAP_ENTRY = RT_TAG(F_MAP_ENTRY, WT_LEN),
+    TAG_ENTRY_KEY = RT_TAG(F_ENTRY_KEY, WT_LEN),
+    TAG_ENTRY_VALUE = RT_TAG(F_ENTRY_VALUE, WT_LEN),
+    TAG_BYTES_LIST = RT_TAG(F_BYTES_LIST, WT_LEN),
+    TAG_FLOAT_LIST = RT_TAG(F_FLOAT_LIST, WT_LEN),
+    TAG_INT64_LIST = RT_TAG(F_INT64_LIST, WT_LEN),
+    TAG_LIST_VALUE = RT_TAG(F_LIST_VALUE, WT_LEN),
+    TAG_FEATURE_LIST_STEP = RT_TAG(F_FEATURE_LIST_STEP, WT_LEN),
+};
+
+/* A Feature's kind from the field number of its oneof member (F_BYTES_LIST..F_INT64_LIST), and back. */
+static inline int kind_of_field(uint32_t f) { return f == F_BYTES_LIST ? K_BYTES : f == F_FLOAT_LIST ? K_FLOAT : K_INT64; }
+static inline uint32_t field_of_kind(int kind) {
+    return kind == K_BYTES ? F_BYTES_LIST : kind == K_FLOAT ? F_FLOAT_LIST : F_INT64_LIST;
+}
+
 /* The record being read, and where reading it failed. */
 typedef struct {
     const uint8_t *rec; /* start of the current record's payload, for error offsets */
@@ -55,26 +95,26 @@ static inline int rd_field(Ctx *c, const uint8_t **pp, const uint8_t *end, uint3
     *wt = -1;
     *vstart = *vend = at;
     if (rd_varint(pp, end, &tag)) return fail_at(c, RT_MALFORMED_TAG, at, col);
-    *field = (uint32_t)(tag >> 3);
-    *wt = (int)(tag & 7);
+    *field = (uint32_t)(tag >> WT_BITS);
+    *wt = (int)(tag & ((1u << WT_BITS) - 1));
     if (*field == 0 || tag > 0xFFFFFFFFu) return fail_at(c, RT_MALFORMED_FIELD_NUMBER, at, col);
     const uint8_t *p = *pp;
     switch (*wt) {
-    case 0:
+    case WT_VARINT:
         *vstart = p;
         if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_VARINT, at, col);
         break;
-    case 1:
+    case WT_I64:
         if (end - p < 8) return fail_at(c, RT_MALFORMED_FIXED64, at, col);
         *vstart = p;
         p += 8;
         break;
-    case 5:
+    case WT_I32:
         if (end - p < 4) return fail_at(c, RT_MALFORMED_FIXED32, at, col);
         *vstart = p;
         p += 4;
         break;
-    case 2:
+    case WT_LEN:
         if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_LENGTH, at, col);
         if (len > (uint64_t)(end - p)) return fail_at(c, RT_MALFORMED_OVERRUN, at, col);
         *vstart = p;
@@ -195,8 +235,8 @@ static RT_MAYBE_UNUSED int feature_kind(Ctx *c, const uint8_t *p, const uint8_t 
         uint32_t f;
         int wt;
         if (rd_field(c, &p, end, &f, &wt, &vs, &ve, col)) return -1;
-        if (wt == 2 && f >= 1 && f <= 3) {
-            int k = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+        if (wt == WT_LEN && f >= F_BYTES_LIST && f <= F_INT64_LIST) {
+            int k = kind_of_field(f);
             if (k != *kind) {
                 *kind = k;
                 *run = at;
@@ -212,21 +252,21 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                                        int store, int64_t *count) {
     while (p < end) {
         const uint8_t *vs, *ve, *at = p;
-        uint32_t f = 1;
-        int wt = 2;
-        if (!ld_fast(&p, end, 0x0A, &vs, &ve)) {
+        uint32_t f = F_LIST_VALUE;
+        int wt = WT_LEN;
+        if (!ld_fast(&p, end, TAG_LIST_VALUE, &vs, &ve)) {
             if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
-            if (f != 1) continue;
+            if (f != F_LIST_VALUE) continue;
         }
         if (kind == K_INT64) {
-            if (wt == 2) {
+            if (wt == WT_LEN) {
                 if (store && buf_reserve(vals, (size_t)(ve - vs) * 8)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
                 int64_t *out = store ? (int64_t *)(vals->p + vals->len) : NULL;
                 int64_t k = 0;
                 if (packed_varints(vs, ve, out, &k)) return fail_at(c, RT_MALFORMED_PACKED_INT64, vs, ci);
                 if (store) vals->len += (size_t)k * 8;
                 *count += k;
-            } else if (wt == 0) {
+            } else if (wt == WT_VARINT) {
                 uint64_t v = 0;
                 const uint8_t *q = vs;
                 rd_varint(&q, ve, &v);
@@ -239,7 +279,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                 *count += 1;
             }
         } else if (kind == K_FLOAT) {
-            if (wt == 2) {
+            if (wt == WT_LEN) {
                 size_t nb = (size_t)(ve - vs);
                 if (nb % 4) return fail_at(c, RT_MALFORMED_PACKED_FLOAT, at, ci);
                 if (store) {
@@ -248,7 +288,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                     vals->len += nb;
                 }
                 *count += (int64_t)(nb / 4);
-            } else if (wt == 5) {
+            } else if (wt == WT_I32) {
                 if (store) {
                     if (buf_reserve(vals, 4)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
                     memcpy(vals->p + vals->len, vs, 4);
@@ -256,7 +296,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                 }
                 *count += 1;
             }
-        } else if (wt == 2) { /* bytes */
+        } else if (wt == WT_LEN) { /* bytes */
             if (store) {
                 size_t nb = (size_t)(ve - vs);
                 if (data->len + nb > INT32_MAX) return fail_at(c, RT_BYTES_TOO_LARGE, at, ci);
@@ -285,13 +325,15 @@ static inline int feature_parse(Ctx *c, const uint8_t *p, const uint8_t *end, in
     uint32_t f;
     int wt;
     ft->only = ft->only_end = NULL;
-    if (end - p >= 3 && p[0] >= 0x0A && p[0] <= 0x1A && (p[0] & 7) == 2 && ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
-        ft->kind = p[0] == 0x0A ? K_BYTES : p[0] == 0x12 ? K_FLOAT : K_INT64;
+    if (end - p >= 3 && (p[0] == TAG_BYTES_LIST || p[0] == TAG_FLOAT_LIST || p[0] == TAG_INT64_LIST) &&
+        ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
+        ft->kind = kind_of_field((uint32_t)p[0] >> WT_BITS);
         ft->run = p;
         ft->only = vs;
         ft->only_end = ve;
-    } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == 2 && f >= 1 && f <= 3) {
-        ft->kind = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+    } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == WT_LEN &&
+               f >= F_BYTES_LIST && f <= F_INT64_LIST) {
+        ft->kind = kind_of_field(f);
         ft->run = p;
         ft->only = vs;
         ft->only_end = ve;
@@ -311,7 +353,7 @@ static inline int feature_collect(Ctx *c, const Feature *ft, const uint8_t *end,
         uint32_t f;
         int wt;
         rd_field(c, &q, end, &f, &wt, &vs, &ve, ci); /* validated by feature_kind */
-        if (wt == 2 && (int)f == (ft->kind == K_BYTES ? 1 : ft->kind == K_FLOAT ? 2 : 3))
+        if (wt == WT_LEN && f == field_of_kind(ft->kind))
             if (list_values(c, vals, data, ci, ft->kind, vs, ve, store, count)) return -1;
     }
     return 0;
@@ -325,7 +367,7 @@ static inline int next_list_feature(Ctx *c, const uint8_t **pp, const uint8_t *e
         uint32_t f;
         int wt;
         if (rd_field(c, pp, end, &f, &wt, vs, ve, ci)) return -1;
-        if (f == 1 && wt == 2) return 1;
+        if (f == F_FEATURE_LIST_STEP && wt == WT_LEN) return 1;
     }
     return 0;
 }
@@ -344,9 +386,9 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     int wt;
     for (;;) {
         if (p >= end) return 0;
-        if (ld_fast(&p, end, 0x0A, &vs, &ve)) break;
+        if (ld_fast(&p, end, TAG_MAP_ENTRY, &vs, &ve)) break;
         if (rd_field(c, &p, end, &f, &wt, &vs, &ve, -1)) return -1;
-        if (f == 1 && wt == 2) break;
+        if (f == F_MAP_ENTRY && wt == WT_LEN) break;
     }
     *pp = p;
     const uint8_t *key = vs, *val = NULL, *val_end = NULL, *q = vs;
@@ -354,10 +396,10 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     {
         const uint8_t *ks, *ke;
         /* the usual entry: key then value, nothing else */
-        if (ld_fast(&q, ve, 0x0A, &ks, &ke)) {
+        if (ld_fast(&q, ve, TAG_ENTRY_KEY, &ks, &ke)) {
             key = ks;
             key_len = (size_t)(ke - ks);
-            if (ld_fast(&q, ve, 0x12, &val, &val_end) && q != ve) val = NULL;
+            if (ld_fast(&q, ve, TAG_ENTRY_VALUE, &val, &val_end) && q != ve) val = NULL;
         }
         if (q != ve) {
             q = vs;
@@ -369,11 +411,11 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     while (q < ve) {
         const uint8_t *s, *e2;
         if (rd_field(c, &q, ve, &f, &wt, &s, &e2, -1)) return -1;
-        if (wt != 2) continue;
-        if (f == 1) {
+        if (wt != WT_LEN) continue;
+        if (f == F_ENTRY_KEY) {
             key = s;
             key_len = (size_t)(e2 - s);
-        } else if (f == 2) {
+        } else if (f == F_ENTRY_VALUE) {
             val = s;
             val_end = e2;
         }
@@ -388,7 +430,7 @@ static inline int record_begin(Ctx *c, const uint8_t *buf, size_t n, const int64
                                const uint8_t **p, const uint8_t **end) {
     c->record = r;
     if (!rt_span_ok(n, pos[r], lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
-    *p = buf + pos[r] + 12;
+    *p = buf + pos[r] + RT_HEADER_BYTES;
     *end = *p + lens[r];
     c->rec = *p;
     return 0;
@@ -402,9 +444,9 @@ static inline int record_map(Ctx *c, const uint8_t **pp, const uint8_t *end, int
         uint32_t f;
         int wt;
         if (rd_field(c, pp, end, &f, &wt, vs, ve, -1)) return -1;
-        if (wt != 2) continue;
-        if (f == 1 || (f == 2 && rtype == R_SEQUENCE_EXAMPLE)) {
-            *section = f == 1 ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
+        if (wt != WT_LEN) continue;
+        if (f == F_FEATURES || (f == F_FEATURE_LISTS && rtype == R_SEQUENCE_EXAMPLE)) {
+            *section = f == F_FEATURES ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
             return 1;
         }
     }
