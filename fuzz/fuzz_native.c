@@ -118,6 +118,9 @@ static void records_from(In *in, Records *r) {
     free(src);
 }
 
+/* What the readers take: the records, as the module hands them over. */
+static rt_records records_view(const Records *r) { return (rt_records){r->buf, r->n, r->pos, r->lens, r->nrec}; }
+
 static void records_free(Records *r) {
     UNPOISON(r->buf, r->n);
     free(r->buf);
@@ -195,8 +198,7 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
     size_t n = (size_t)(in.end - in.p);
     rt_scan s = {.verify = flags & 1, .final = (flags >> 1) & 1, .skip = (flags >> 2) & 1, .resync = (flags >> 3) & 1};
     s.limit = lim == 255 ? n : lim == 254 ? n + 1000 : n * lim / 253;
-    rt_scan_run(&s, buf, n);
-    CHECK(s.status == RT_OK);
+    CHECK(rt_scan_run(&s, buf, n) == RT_OK);
     CHECK(s.nerr <= RT_SCAN_MAX_ERRORS && s.nerr_total >= s.nerr && (s.skip || s.nerr <= 1));
     CHECK(s.consumed <= n);
     size_t nrec = s.pos.len / 8, next = 0;
@@ -221,7 +223,9 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
 /* The same records read as ByteArray: each payload, end to end, behind int32 offsets. */
 static void check_byte_array(const Records *r) {
     Buf off = {0}, data = {0};
-    CHECK(rt_byte_array(r->buf, r->n, r->pos, r->lens, r->nrec, &off, &data) == RT_OK);
+    rt_records rs = records_view(r);
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_byte_array(&rs, &off, &data, &e) == RT_OK && e.status == RT_OK);
     CHECK(off.len == (size_t)(r->nrec + 1) * 4 && rd_i32(off.p) == 0);
     for (int64_t i = 0; i < r->nrec; i++) {
         int32_t a = rd_i32(off.p + 4 * i), b = rd_i32(off.p + 4 * (i + 1));
@@ -337,16 +341,15 @@ static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray 
         CHECK(rt_encode_prepare(&cols[i], rtype, n) == RT_OK);
     }
     Buf out = {0}, offs = {0};
-    int bad;
-    CHECK(rt_encode(cols, n, rtype, a->length, &out, &offs, &bad) == RT_OK);
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_encode(cols, n, rtype, a->length, &out, &offs, &e) == RT_OK);
     rt_scan sc = {.verify = 1, .final = 1, .limit = out.len};
-    rt_scan_run(&sc, out.p, out.len);
-    CHECK(sc.status == RT_OK && sc.nerr_total == 0 && (int64_t)(sc.pos.len / 8) == a->length);
+    CHECK(rt_scan_run(&sc, out.p, out.len) == RT_OK);
+    CHECK(sc.nerr_total == 0 && (int64_t)(sc.pos.len / 8) == a->length);
     Cols again;
-    Ctx ctx = {.record = -1};
     CHECK(rt_decode_start(&again, tmpl) == RT_OK);
-    CHECK(rt_decode_records(&ctx, &again, rtype, out.p, out.len, (const int64_t *)sc.pos.p, (const int64_t *)sc.lens.p,
-                            a->length) == 0);
+    rt_records rs = {out.p, out.len, (const int64_t *)sc.pos.p, (const int64_t *)sc.lens.p, a->length};
+    CHECK(rt_decode_records(&again, rtype, &rs, &e) == RT_OK);
     struct ArrowArray b;
     CHECK(rt_arrow_export(&again, &b) == RT_OK);
     for (int i = 0; i < n; i++) check_same_arrow(a->children[i], b.children[i], s->children[i]);
@@ -428,17 +431,20 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
     CHECK(rt_decode_start(&cs, &tmpl) == RT_OK && cs.ncols == tmpl.ncols);
     Records r;
     records_from(&in, &r);
-    Ctx ctx = {.record = -1};
-    if (rt_decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    rt_records rs = records_view(&r);
+    rt_error e = RT_ERROR_INIT;
+    rt_status st = rt_decode_records(&cs, rtype, &rs, &e);
+    if (st == RT_OK) {
+        CHECK(e.status == RT_OK);
         CHECK(cs.nrecords == r.nrec);
         for (int i = 0; i < cs.ncols; i++) check_column(&cs.cols[i], r.nrec);
         check_export(&cs, &tmpl, rtype, not_null, head >> 3);
     } else {
-        rt_status st = ctx.err.status;
+        CHECK(e.status == st);
         CHECK(malformed(st) || st == RT_KIND_MISMATCH || st == RT_COUNT_MISMATCH);
-        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
-        CHECK(ctx.err.offset >= -1 && ctx.err.offset <= r.lens[ctx.err.record]);
-        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.actual != ctx.err.expected && ctx.err.col >= 0);
+        CHECK(e.record >= 0 && e.record < r.nrec && e.col < cs.ncols);
+        CHECK(e.offset >= -1 && e.offset <= r.lens[e.record]);
+        if (st == RT_KIND_MISMATCH) CHECK(e.actual != e.expected && e.col >= 0);
     }
     for (int64_t i = 0; i < r.nrec; i++) check_varints(r.buf + r.pos[i] + 12, r.buf + r.pos[i] + 12 + r.lens[i]);
     check_byte_array(&r);
@@ -461,8 +467,10 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
     Records r;
     records_from(&in, &r);
     Stats cs = {0};
-    Ctx ctx = {.record = -1};
-    if (rt_inspect_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    rt_records rs = records_view(&r);
+    rt_error e = RT_ERROR_INIT;
+    rt_status st = rt_inspect_records(&cs, rtype, &rs, &e);
+    if (st == RT_OK) {
         CHECK(cs.nrecords == r.nrec);
         Cols ds;
         CHECK(rt_decode_init(&ds, cs.ncols) == RT_OK);
@@ -473,8 +481,7 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
             CHECK(c->kind == K_NONE ? c->kind_record == -1 : c->kind_record >= 0 && c->kind_record < r.nrec);
             CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQUENCE : S_LIST, 0, c->section) == RT_OK);
         }
-        Ctx dctx = {.record = -1};
-        CHECK(rt_decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
+        CHECK(rt_decode_records(&ds, rtype, &rs, &e) == RT_OK);
         for (int i = 0; i < cs.ncols; i++) {
             const Stat *c = &cs.cols[i];
             const Col *d = &ds.cols[i];
@@ -491,10 +498,10 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
         }
         rt_decode_free(&ds);
     } else {
-        rt_status st = ctx.err.status;
+        CHECK(e.status == st);
         CHECK(malformed(st) || st == RT_KIND_MISMATCH);
-        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
-        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.other_record >= 0 && ctx.err.other_record <= ctx.err.record);
+        CHECK(e.record >= 0 && e.record < r.nrec && e.col < cs.ncols);
+        if (st == RT_KIND_MISMATCH) CHECK(e.other_record >= 0 && e.other_record <= e.record);
     }
     records_free(&r);
     rt_inspect_free(&cs);
@@ -672,9 +679,9 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
         const ECol *e = &g[i].e;
         CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQUENCE) == RT_OK);
     }
-    Ctx ctx = {.record = -1};
-    CHECK(rt_decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
-                         nrows) == 0);
+    rt_records rs = {out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p, nrows};
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_decode_records(&cs, rtype, &rs, &e) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
         const Col *d = &cs.cols[i];
@@ -718,17 +725,18 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
     }
     CHECK(ok || raw);
     Buf out = {0}, offs = {0};
-    int bad_col = -1;
+    rt_error e = RT_ERROR_INIT;
     rt_status st = RT_OK;
     ECol cols[MAXCOLS];
     for (int i = 0; i < ncols; i++) cols[i] = g[i].e;
-    if (ok) st = rt_encode(cols, ncols, rtype, nrows, &out, &offs, &bad_col);
-    if (ok && st != RT_OK) CHECK(raw && (bad_col >= 0 || st == RT_OUT_OF_MEMORY));
+    if (ok) st = rt_encode(cols, ncols, rtype, nrows, &out, &offs, &e);
+    if (ok) CHECK(e.status == st);
+    if (ok && st != RT_OK) CHECK(raw && (e.col >= 0 || st == RT_OUT_OF_MEMORY));
     if (ok && st == RT_OK) {
         CHECK(offs.len == (size_t)nrows * 8);
         rt_scan s = {.verify = 1, .final = 1, .limit = out.len};
-        rt_scan_run(&s, out.p, out.len);
-        CHECK(s.status == RT_OK && s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
+        CHECK(rt_scan_run(&s, out.p, out.len) == RT_OK);
+        CHECK(s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
         CHECK(offs.len == 0 || memcmp(s.pos.p, offs.p, offs.len) == 0);
         check_round_trip(g, ncols, rtype, nrows, &out, &s);
         free(s.pos.p);
@@ -797,6 +805,8 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
 /* ------------------------------------------------------------------------------------------ */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
     rt_crc_init();
     return 0;
 }

@@ -220,7 +220,7 @@ static rt_status no_nulls(const struct ArrowArray *a, const struct ArrowSchema *
     for (int64_t k = lo; k < hi; k++)
         if (is_format(s, "n") || !arrow_valid(a, k)) {
             e->actual = k;
-            return st;
+            return e->status = st;
         }
     return RT_OK;
 }

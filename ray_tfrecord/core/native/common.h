@@ -117,6 +117,11 @@ enum { RT_FRAME_LIST(RT_CONST_ENUM) };
 #define RT_FRAME_OVERHEAD (RT_HEADER_BYTES + RT_FOOTER_BYTES)
 #undef RT_CONST_ENUM
 
+/* The error convention of every entry point of the units: it returns an rt_status (RT_OK, or why
+ * it failed), and one that reads records or columns takes an rt_error *, which on a failure holds
+ * the same status and where it happened (the record, the column, the byte in the record).
+ * Internal helpers return 0 or -1 and leave the details in that rt_error. */
+
 /* Where a call failed: the status plus what Python needs to name the file offset and column.
  * The last three are set only for the statuses named beside them. */
 typedef struct {
@@ -128,6 +133,19 @@ typedef struct {
     int64_t expected;     /* KIND_MISMATCH: the column's kind; COUNT_MISMATCH: the count it needs */
     int64_t other_record; /* inspect's KIND_MISMATCH: the record where the column got its kind */
 } rt_error;
+
+/* An rt_error before anything failed: no status, no place. */
+#define RT_ERROR_INIT {.status = RT_OK, .record = -1, .col = -1, .offset = -1, .other_record = -1}
+
+/* The records a call reads: count records whose headers start at pos[] in buf[0, n), with payload
+ * lengths lens[], as the scan found them. The caller's word is not trusted: each span is checked
+ * against n before its record is read (rt_span_ok). */
+typedef struct {
+    const uint8_t *buf;
+    size_t n;
+    const int64_t *pos, *lens;
+    int64_t count;
+} rt_records;
 
 static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }

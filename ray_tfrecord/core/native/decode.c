@@ -88,8 +88,8 @@ static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint
     *count = 0;
     if (ft.kind == K_NONE) return 0;
     if (ft.kind != col->kind) {
-        c->err.actual = ft.kind;
-        c->err.expected = col->kind;
+        c->err->actual = ft.kind;
+        c->err->expected = col->kind;
         return fail_at(c, RT_KIND_MISMATCH, p, ci);
     }
     if (feature_collect(c, &ft, end, &col->vals, &col->data, ci, 1, count)) return -1;
@@ -158,13 +158,13 @@ static int finish_record(Ctx *c, Cols *cs) {
         int present = col->seen == c->record;
         int64_t n = col->nvals - col->row_vals;
         if (present && col->shape == S_SCALAR && n != 1) {
-            c->err.actual = n;
-            c->err.expected = 1;
+            c->err->actual = n;
+            c->err->expected = 1;
             return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
         }
         if (present && col->shape == S_FIXED && n != col->fixed_n) {
-            c->err.actual = n;
-            c->err.expected = col->fixed_n;
+            c->err->actual = n;
+            c->err->expected = col->fixed_n;
             return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
         }
         if (set_bit(&col->valid, col->nrows, present)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
@@ -208,34 +208,38 @@ static void presize(Cols *cs, int64_t done, int64_t nrec) {
     }
 }
 
-RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                      const int64_t *lens, int64_t nrec) {
-    for (int64_t r = 0; r < nrec; r++) {
+RT_API rt_status rt_decode_records(Cols *cs, int rtype, const rt_records *rs, rt_error *e) {
+    Ctx ctx = {.record = -1, .err = e}, *c = &ctx;
+    for (int64_t r = 0; r < rs->count; r++) {
         const uint8_t *p, *end, *vs, *ve;
         int section, rc;
-        if (record_begin(c, buf, n, pos, lens, r, &p, &end)) return -1;
+        if (record_begin(c, rs, r, &p, &end)) return e->status;
         while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
-            if (parse_map(c, cs, vs, ve, section)) return -1;
-        if (rc < 0 || finish_record(c, cs)) return -1;
-        if (r == 7 && nrec > 64) presize(cs, r + 1, nrec);
+            if (parse_map(c, cs, vs, ve, section)) return e->status;
+        if (rc < 0 || finish_record(c, cs)) return e->status;
+        if (r == 7 && rs->count > 64) presize(cs, r + 1, rs->count);
     }
-    cs->nrecords = nrec;
-    return 0;
+    cs->nrecords = rs->count;
+    return RT_OK;
 }
 
-RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
-                        Buf *offsets, Buf *data) {
+RT_API rt_status rt_byte_array(const rt_records *rs, Buf *offsets, Buf *data, rt_error *e) {
+    const int64_t nrec = rs->count, *pos = rs->pos, *lens = rs->lens;
     uint64_t total = 0;
     for (int64_t r = 0; r < nrec; r++) {
-        if (!rt_span_ok(n, pos[r], lens[r])) return RT_BAD_SPAN;
+        if (!rt_span_ok(rs->n, pos[r], lens[r])) {
+            e->record = r;
+            return e->status = RT_BAD_SPAN;
+        }
         total += (uint64_t)lens[r];
     }
-    if (total > INT32_MAX) return RT_RECORDS_TOO_LARGE;
-    if (buf_reserve(offsets, (size_t)(nrec + 1) * 4) || buf_reserve(data, (size_t)total)) return RT_OUT_OF_MEMORY;
+    if (total > INT32_MAX) return e->status = RT_RECORDS_TOO_LARGE;
+    if (buf_reserve(offsets, (size_t)(nrec + 1) * 4) || buf_reserve(data, (size_t)total))
+        return e->status = RT_OUT_OF_MEMORY;
     int32_t o = 0;
     memcpy(offsets->p, &o, 4);
     for (int64_t r = 0; r < nrec; r++) {
-        memcpy(data->p + o, buf + pos[r] + RT_HEADER_BYTES, (size_t)lens[r]);
+        memcpy(data->p + o, rs->buf + pos[r] + RT_HEADER_BYTES, (size_t)lens[r]);
         o += (int32_t)lens[r];
         memcpy(offsets->p + 4 * (r + 1), &o, 4);
     }

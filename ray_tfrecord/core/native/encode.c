@@ -270,14 +270,13 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
     return RT_OK;
 }
 
-RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col) {
-    *bad_col = -1;
+RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, rt_error *e) {
     for (int ci = 0; ci < ncols; ci++) {
         rt_status s = ecol_check(&cols[ci], nrows);
         if (s != RT_OK) {
-            *bad_col = ci;
-            return s;
+            e->col = ci;
+            return e->status = s;
         }
     }
-    return encode_records(cols, ncols, rtype, nrows, out, offs);
+    return e->status = encode_records(cols, ncols, rtype, nrows, out, offs);
 }

@@ -27,9 +27,9 @@ static int count_feature(Ctx *c, Stats *st, int ci, const uint8_t *p, const uint
         col->kind = ft.kind;
         col->kind_record = c->record;
     } else if (col->kind != ft.kind) {
-        c->err.actual = ft.kind;
-        c->err.expected = col->kind;
-        c->err.other_record = col->kind_record;
+        c->err->actual = ft.kind;
+        c->err->expected = col->kind;
+        c->err->other_record = col->kind_record;
         return fail_at(c, RT_KIND_MISMATCH, p, ci);
     }
     int64_t count = 0;
@@ -86,19 +86,19 @@ static void finish_stats(Ctx *c, Stats *st) {
     }
 }
 
-RT_API int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                       const int64_t *lens, int64_t nrec) {
-    for (int64_t r = 0; r < nrec; r++) {
+RT_API rt_status rt_inspect_records(Stats *st, int rtype, const rt_records *rs, rt_error *e) {
+    Ctx ctx = {.record = -1, .err = e}, *c = &ctx;
+    for (int64_t r = 0; r < rs->count; r++) {
         const uint8_t *p, *end, *vs, *ve;
         int section, rc;
-        if (record_begin(c, buf, n, pos, lens, r, &p, &end)) return -1;
+        if (record_begin(c, rs, r, &p, &end)) return e->status;
         while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
-            if (inspect_map(c, st, vs, ve, section)) return -1;
-        if (rc < 0) return -1;
+            if (inspect_map(c, st, vs, ve, section)) return e->status;
+        if (rc < 0) return e->status;
         finish_stats(c, st);
     }
-    st->nrecords = nrec;
-    return 0;
+    st->nrecords = rs->count;
+    return RT_OK;
 }
 
 RT_API void rt_inspect_free(Stats *st) {

@@ -19,7 +19,7 @@ static int plausible_boundary(const uint8_t *buf, size_t n, size_t q, int final,
     return masked_crc(buf + q + RT_HEADER_BYTES, (size_t)len) == rd32(buf + q + RT_HEADER_BYTES + len);
 }
 
-RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
+RT_API rt_status rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
     const int final = s->final, skip = s->skip;
     const size_t lim = s->limit;
     rt_frame_error *errs = s->errs;
@@ -104,5 +104,5 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
     s->consumed = p;
     s->need = need;
     s->resyncing = resyncing;
-    s->status = status;
+    return status;
 }

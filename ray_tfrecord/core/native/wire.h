@@ -48,18 +48,18 @@ static inline uint32_t field_of_kind(int kind) {
     return kind == K_BYTES ? F_BYTES_LIST : kind == K_FLOAT ? F_FLOAT_LIST : F_INT64_LIST;
 }
 
-/* The record being read, and where reading it failed. */
+/* The record being read, and the caller's rt_error that a failure fills. */
 typedef struct {
     const uint8_t *rec; /* start of the current record's payload, for error offsets */
     int64_t record;
-    rt_error err;
+    rt_error *err;
 } Ctx;
 
 static RT_MAYBE_UNUSED int fail_at(Ctx *c, rt_status status, const uint8_t *at, int col) {
-    c->err.status = status;
-    c->err.record = c->record;
-    c->err.col = col;
-    c->err.offset = at ? (int64_t)(at - c->rec) : -1;
+    c->err->status = status;
+    c->err->record = c->record;
+    c->err->col = col;
+    c->err->offset = at ? (int64_t)(at - c->rec) : -1;
     return -1;
 }
 
@@ -424,14 +424,13 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     return 1;
 }
 
-/* Starts record r of a call: checks that its span lies inside buf[0, n) and sets [*p, *end) to
- * its payload. */
-static inline int record_begin(Ctx *c, const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t r,
-                               const uint8_t **p, const uint8_t **end) {
+/* Starts record r of rs: checks that its span lies inside the buffer and sets [*p, *end) to its
+ * payload. */
+static inline int record_begin(Ctx *c, const rt_records *rs, int64_t r, const uint8_t **p, const uint8_t **end) {
     c->record = r;
-    if (!rt_span_ok(n, pos[r], lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
-    *p = buf + pos[r] + RT_HEADER_BYTES;
-    *end = *p + lens[r];
+    if (!rt_span_ok(rs->n, rs->pos[r], rs->lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
+    *p = rs->buf + rs->pos[r] + RT_HEADER_BYTES;
+    *end = *p + rs->lens[r];
     c->rec = *p;
     return 0;
 }
