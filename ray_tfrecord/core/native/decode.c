@@ -80,20 +80,29 @@ static void col_rollback(Col *c) {
     if (c->shape == S_SEQUENCE) c->inner.len = (size_t)(c->row_inner + 1) * 4;
 }
 
-/* One Feature message into column ci; returns the number of values through *count. */
-static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end, int64_t *count) {
-    Col *col = &cs->cols[ci];
-    Feature ft;
-    if (feature_parse(c, p, end, ci, &ft)) return -1;
-    *count = 0;
-    if (ft.kind == K_NONE) return 0;
-    if (ft.kind != col->kind) {
-        c->err->actual = ft.kind;
+/* decode's walk (walk_records): the schema's columns take their features' values. */
+
+/* A feature outside the schema is skipped. */
+static inline int decode_column(void *self, Ctx *c, const MapEntry *e, int entry_no, int section, int *ci) {
+    Cols *cs = self;
+    *ci = rt_table_lookup(&cs->names, entry_no, section, e->key, e->key_len);
+    if (*ci < 0) return 0;
+    Col *col = &cs->cols[*ci];
+    if (col->seen == c->record) col_rollback(col);
+    col->seen = c->record;
+    return 0;
+}
+
+static inline int decode_feature(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end) {
+    Col *col = &((Cols *)self)->cols[ci];
+    if (ft->kind != col->kind) {
+        c->err->actual = ft->kind;
         c->err->expected = col->kind;
         return fail_at(c, RT_KIND_MISMATCH, p, ci);
     }
-    if (feature_collect(c, &ft, end, &col->vals, &col->data, ci, 1, count)) return -1;
-    col->nvals += *count;
+    int64_t n = 0;
+    if (feature_collect(c, ft, end, &col->vals, &col->data, ci, 1, &n)) return -1;
+    col->nvals += n;
     if (col->kind == K_BYTES && col->nvals > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, p, ci);
     return 0;
 }
@@ -107,39 +116,11 @@ static int push_i32(Ctx *c, Buf *b, int64_t v, int ci) {
     return 0;
 }
 
-/* A FeatureList (SequenceExample feature_lists value) into a list<list<T>> column. */
-static int feature_list_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end) {
-    const uint8_t *vs, *ve;
-    int rc;
-    while ((rc = next_list_feature(c, &p, end, ci, &vs, &ve)) > 0) {
-        int64_t n;
-        if (feature_values(c, cs, ci, vs, ve, &n)) return -1;
-        Col *col = &cs->cols[ci];
-        col->ninner++;
-        if (push_i32(c, &col->inner, col->nvals, ci)) return -1;
-    }
-    return rc;
-}
-
-/* A Features or FeatureLists map; features outside the schema are skipped. */
-static int parse_map(Ctx *c, Cols *cs, const uint8_t *p, const uint8_t *end, int section) {
-    MapEntry e;
-    int rc;
-    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
-        int ci = rt_table_lookup(&cs->names, entry_no, section, e.key, e.key_len);
-        if (ci < 0) continue;
-        Col *col = &cs->cols[ci];
-        if (col->seen == c->record) col_rollback(col);
-        col->seen = c->record;
-        if (!e.val) continue;
-        if (section == SECTION_CONTEXT) {
-            int64_t n;
-            if (feature_values(c, cs, ci, e.val, e.val_end, &n)) return -1;
-        } else if (feature_list_values(c, cs, ci, e.val, e.val_end)) {
-            return -1;
-        }
-    }
-    return rc;
+/* A step of a feature_list column ends its inner list. */
+static inline int decode_step(void *self, Ctx *c, int ci) {
+    Col *col = &((Cols *)self)->cols[ci];
+    col->ninner++;
+    return push_i32(c, &col->inner, col->nvals, ci);
 }
 
 static int set_bit(Buf *b, int64_t i, int v) {
@@ -208,19 +189,16 @@ static void presize(Cols *cs, int64_t done, int64_t nrec) {
     }
 }
 
+static inline int decode_end_record(void *self, Ctx *c, int64_t count) {
+    if (finish_record(c, self)) return -1;
+    if (c->record == 7 && count > 64) presize(self, c->record + 1, count);
+    return 0;
+}
+
 RT_API rt_status rt_decode_records(Cols *cs, int rtype, const rt_records *rs, rt_error *e) {
-    Ctx ctx = {.record = -1, .err = e}, *c = &ctx;
-    for (int64_t r = 0; r < rs->count; r++) {
-        const uint8_t *p, *end, *vs, *ve;
-        int section, rc;
-        if (record_begin(c, rs, r, &p, &end)) return e->status;
-        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
-            if (parse_map(c, cs, vs, ve, section)) return e->status;
-        if (rc < 0 || finish_record(c, cs)) return e->status;
-        if (r == 7 && rs->count > 64) presize(cs, r + 1, rs->count);
-    }
-    cs->nrecords = rs->count;
-    return RT_OK;
+    rt_status st = walk_records(rs, rtype, e, (Walker){decode_column, decode_feature, decode_step, decode_end_record}, cs);
+    if (st == RT_OK) cs->nrecords = rs->count;
+    return st;
 }
 
 RT_API rt_status rt_byte_array(const rt_records *rs, Buf *offsets, Buf *data, rt_error *e) {

@@ -360,7 +360,7 @@ static inline int feature_collect(Ctx *c, const Feature *ft, const uint8_t *end,
 }
 
 /* The next Feature of a FeatureList (its repeated field 1; other fields are skipped): 1 with
- * [*vs, *ve) set, 0 at the end, -1 on error. Decode and inspect walk feature lists with it. */
+ * [*vs, *ve) set, 0 at the end, -1 on error. */
 static inline int next_list_feature(Ctx *c, const uint8_t **pp, const uint8_t *end, int ci,
                                      const uint8_t **vs, const uint8_t **ve) {
     while (*pp < end) {
@@ -450,6 +450,70 @@ static inline int record_map(Ctx *c, const uint8_t **pp, const uint8_t *end, int
         }
     }
     return 0;
+}
+
+/* The walk of a call's records that decode and inspect share: every record's maps (Features and,
+ * in a SequenceExample, FeatureLists), every entry of a map, every step of a FeatureList, every
+ * Feature parsed. What a reader does with them is four callbacks on its own state (self), each
+ * returning 0, or -1 after fail_at:
+ *   column(self, c, entry, entry_no, section, *ci): the column of a map entry, -1 to skip it;
+ *   feature(self, c, ci, ft, p, end): a Feature [p, end) of column ci whose kind is set (a context
+ *     value, or a step of a feature list);
+ *   step(self, c, ci): after each step of a feature list of column ci, whether or not it set a kind;
+ *   end_record(self, c, count): after record c->record of count.
+ * The walk is always inlined into each reader with its callbacks known, so the compiler flattens it
+ * into the loop a hand-written walk would be: decode's hot loop pays no indirect call. */
+typedef int (*walk_column_fn)(void *self, Ctx *c, const MapEntry *e, int entry_no, int section, int *ci);
+typedef int (*walk_feature_fn)(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end);
+typedef int (*walk_step_fn)(void *self, Ctx *c, int ci);
+typedef int (*walk_record_fn)(void *self, Ctx *c, int64_t count);
+
+typedef struct {
+    walk_column_fn column;
+    walk_feature_fn feature;
+    walk_step_fn step;
+    walk_record_fn end_record;
+} Walker;
+
+#define RT_FLATTEN inline __attribute__((always_inline))
+
+static RT_FLATTEN int walk_feature(Ctx *c, const Walker w, void *self, int ci, const uint8_t *p, const uint8_t *end) {
+    Feature ft;
+    if (feature_parse(c, p, end, ci, &ft)) return -1;
+    return ft.kind == K_NONE ? 0 : w.feature(self, c, ci, &ft, p, end);
+}
+
+static RT_FLATTEN int walk_map(Ctx *c, const Walker w, void *self, const uint8_t *p, const uint8_t *end, int section) {
+    MapEntry e;
+    int rc;
+    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
+        int ci;
+        if (w.column(self, c, &e, entry_no, section, &ci)) return -1;
+        if (ci < 0 || !e.val) continue;
+        if (section == SECTION_CONTEXT) {
+            if (walk_feature(c, w, self, ci, e.val, e.val_end)) return -1;
+            continue;
+        }
+        const uint8_t *q = e.val, *vs, *ve;
+        while ((rc = next_list_feature(c, &q, e.val_end, ci, &vs, &ve)) > 0)
+            if (walk_feature(c, w, self, ci, vs, ve) || w.step(self, c, ci)) return -1;
+        if (rc < 0) return -1;
+    }
+    return rc;
+}
+
+/* Walks the records rs of record type rtype: RT_OK, or the failure's status with e saying where. */
+static RT_FLATTEN rt_status walk_records(const rt_records *rs, int rtype, rt_error *e, const Walker w, void *self) {
+    Ctx ctx = {.record = -1, .err = e}, *c = &ctx;
+    for (int64_t r = 0; r < rs->count; r++) {
+        const uint8_t *p, *end, *vs, *ve;
+        int section, rc;
+        if (record_begin(c, rs, r, &p, &end)) return e->status;
+        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
+            if (walk_map(c, w, self, vs, ve, section)) return e->status;
+        if (rc < 0 || w.end_record(self, c, rs->count)) return e->status;
+    }
+    return RT_OK;
 }
 
 #endif
