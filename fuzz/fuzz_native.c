@@ -324,7 +324,8 @@ static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray 
     int n = tmpl->ncols;
     for (int i = 0; i < n; i++) {
         const rt_key *k = &tmpl->names.keys[i];
-        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i || (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQUENCE))
+        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i ||
+            (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQUENCE))
             return;
     }
     ECol cols[8];
@@ -455,7 +456,9 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
 }
 
 static int fuzz_decode_example(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_EXAMPLE); }
-static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_SEQUENCE_EXAMPLE); }
+static int fuzz_decode_sequence(const uint8_t *data, size_t size) {
+    return fuzz_decode(data, size, R_SEQUENCE_EXAMPLE);
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* inspect: byte 0 picks Example or SequenceExample; then records. When inspect succeeds, a     */
@@ -479,7 +482,8 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
             const rt_key *k = &cs.names.keys[i];
             int kind = c->kind == K_NONE ? K_NULL : c->kind;
             CHECK(c->kind == K_NONE ? c->kind_record == -1 : c->kind_record >= 0 && c->kind_record < r.nrec);
-            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQUENCE : S_LIST, 0, c->section) == RT_OK);
+            int shape = c->section ? S_SEQUENCE : S_LIST;
+            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, shape, 0, c->section) == RT_OK);
         }
         CHECK(rt_decode_records(&ds, rtype, &rs, &e) == RT_OK);
         for (int i = 0; i < cs.ncols; i++) {

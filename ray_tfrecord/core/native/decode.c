@@ -13,7 +13,8 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
 static rt_status col_begin(Col *c) {
     c->seen = -1;
     int32_t zero = 0;
-    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL, c->shape == S_LIST || c->shape == S_SEQUENCE ? &c->rowoff : NULL,
+    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL,
+                     c->shape == S_LIST || c->shape == S_SEQUENCE ? &c->rowoff : NULL,
                      c->shape == S_SEQUENCE ? &c->inner : NULL};
     for (int i = 0; i < 3; i++) {
         if (!starts[i]) continue;
@@ -26,7 +27,8 @@ static rt_status col_begin(Col *c) {
 
 RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section) {
-    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQUENCE || fixed_n < 0 ||
+    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQUENCE ||
+        fixed_n < 0 ||
         (kind == K_NULL && shape != S_LIST && shape != S_SEQUENCE) ||
         (section != SECTION_CONTEXT && section != SECTION_FEATURE_LISTS))
         return RT_BAD_SPEC;
@@ -196,7 +198,8 @@ static inline int decode_end_record(void *self, Ctx *c, int64_t count) {
 }
 
 RT_API rt_status rt_decode_records(Cols *cs, int rtype, const rt_records *rs, rt_error *e) {
-    rt_status st = walk_records(rs, rtype, e, (Walker){decode_column, decode_feature, decode_step, decode_end_record}, cs);
+    rt_status st =
+        walk_records(rs, rtype, e, (Walker){decode_column, decode_feature, decode_step, decode_end_record}, cs);
     if (st == RT_OK) cs->nrecords = rs->count;
     return st;
 }

@@ -179,7 +179,8 @@ static rt_status ecol_check(const ECol *c, int64_t nrows) {
 RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols) {
     int bad = c->kind < K_BYTES || c->kind > K_NULL || c->valid_off < 0 ||
               (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQUENCE) ||
-              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQUENCE && c->kind != K_NULL && !c->has_inner) ||
+              (c->shape != S_SCALAR && !c->has_rowoff) ||
+              (c->shape == S_SEQUENCE && c->kind != K_NULL && !c->has_inner) ||
               (c->kind != K_NULL && !c->has_vals) || (c->kind == K_BYTES && !c->has_data) ||
               (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQUENCE) ||
               (rtype == R_BYTE_ARRAY && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
@@ -251,7 +252,8 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
             o = put_varint(o, ctx);
         }
         for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++)
-            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
+            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQUENCE)
+                o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
         if (rtype == R_SEQUENCE_EXAMPLE) {
             *o++ = TAG_FEATURE_LISTS;
             o = put_varint(o, fl);

@@ -1,7 +1,9 @@
 /*
- * Protobuf wire reading for Example / SequenceExample, shared by decode (which stores values) and
- * inspect (which counts them). Header-only so that both keep their hot loops in one translation
- * unit; every length is checked against the bytes that remain before it is used.
+ * The protobuf wire format of Example / SequenceExample: its names (wire types, field numbers and
+ * tags, which encode writes with too), and its reading, shared by decode (which stores values) and
+ * inspect (which counts them) down to one walk of a call's records (walk_records, at the end).
+ * Header-only so that both keep their hot loops in one translation unit; every length is checked
+ * against the bytes that remain before it is used.
  */
 #ifndef RT_WIRE_H
 #define RT_WIRE_H
@@ -43,7 +45,9 @@ enum {
 };
 
 /* A Feature's kind from the field number of its oneof member (F_BYTES_LIST..F_INT64_LIST), and back. */
-static inline int kind_of_field(uint32_t f) { return f == F_BYTES_LIST ? K_BYTES : f == F_FLOAT_LIST ? K_FLOAT : K_INT64; }
+static inline int kind_of_field(uint32_t f) {
+    return f == F_BYTES_LIST ? K_BYTES : f == F_FLOAT_LIST ? K_FLOAT : K_INT64;
+}
 static inline uint32_t field_of_kind(int kind) {
     return kind == K_BYTES ? F_BYTES_LIST : kind == K_FLOAT ? F_FLOAT_LIST : F_INT64_LIST;
 }
