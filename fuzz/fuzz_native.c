@@ -118,6 +118,9 @@ static void records_from(In *in, Records *r) {
     free(src);
 }
 
+/* What the readers take: the records, as the module hands them over. */
+static rt_records records_view(const Records *r) { return (rt_records){r->buf, r->n, r->pos, r->lens, r->nrec}; }
+
 static void records_free(Records *r) {
     UNPOISON(r->buf, r->n);
     free(r->buf);
@@ -146,11 +149,11 @@ static void check_column(const Col *c, int64_t nrec) {
     if (c->shape == S_SCALAR) CHECK(c->nvals == nrec);
     if (c->shape == S_FIXED) CHECK(c->nvals == nrec * c->fixed_n);
     if (c->shape == S_LIST) check_offsets(&c->rowoff, nrec, c->nvals);
-    if (c->shape == S_SEQ) {
+    if (c->shape == S_SEQUENCE) {
         check_offsets(&c->rowoff, nrec, c->ninner);
         check_offsets(&c->inner, c->ninner, c->nvals);
     }
-    if (c->shape == S_LIST || c->shape == S_SEQ)
+    if (c->shape == S_LIST || c->shape == S_SEQUENCE)
         for (int64_t i = 0; i < nrec; i++)
             if (!col_valid(c, i)) CHECK(rd_i32(c->rowoff.p + 4 * i) == rd_i32(c->rowoff.p + 4 * (i + 1)));
     if (c->kind == K_BYTES) check_offsets(&c->vals, c->nvals, (int64_t)c->data.len);
@@ -195,8 +198,7 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
     size_t n = (size_t)(in.end - in.p);
     rt_scan s = {.verify = flags & 1, .final = (flags >> 1) & 1, .skip = (flags >> 2) & 1, .resync = (flags >> 3) & 1};
     s.limit = lim == 255 ? n : lim == 254 ? n + 1000 : n * lim / 253;
-    rt_scan_run(&s, buf, n);
-    CHECK(s.status == RT_OK);
+    CHECK(rt_scan_run(&s, buf, n) == RT_OK);
     CHECK(s.nerr <= RT_SCAN_MAX_ERRORS && s.nerr_total >= s.nerr && (s.skip || s.nerr <= 1));
     CHECK(s.consumed <= n);
     size_t nrec = s.pos.len / 8, next = 0;
@@ -221,7 +223,9 @@ static int fuzz_scan(const uint8_t *data, size_t size) {
 /* The same records read as ByteArray: each payload, end to end, behind int32 offsets. */
 static void check_byte_array(const Records *r) {
     Buf off = {0}, data = {0};
-    CHECK(rt_byte_array(r->buf, r->n, r->pos, r->lens, r->nrec, &off, &data) == RT_OK);
+    rt_records rs = records_view(r);
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_byte_array(&rs, &off, &data, &e) == RT_OK && e.status == RT_OK);
     CHECK(off.len == (size_t)(r->nrec + 1) * 4 && rd_i32(off.p) == 0);
     for (int64_t i = 0; i < r->nrec; i++) {
         int32_t a = rd_i32(off.p + 4 * i), b = rd_i32(off.p + 4 * (i + 1));
@@ -320,7 +324,8 @@ static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray 
     int n = tmpl->ncols;
     for (int i = 0; i < n; i++) {
         const rt_key *k = &tmpl->names.keys[i];
-        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i || (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQ))
+        if (rt_table_find(&tmpl->names, k->name, k->len, k->section) != i ||
+            (rtype == R_EXAMPLE && tmpl->cols[i].shape == S_SEQUENCE))
             return;
     }
     ECol cols[8];
@@ -337,16 +342,15 @@ static void check_reencode(const Cols *tmpl, int rtype, const struct ArrowArray 
         CHECK(rt_encode_prepare(&cols[i], rtype, n) == RT_OK);
     }
     Buf out = {0}, offs = {0};
-    int bad;
-    CHECK(rt_encode(cols, n, rtype, a->length, &out, &offs, &bad) == RT_OK);
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_encode(cols, n, rtype, a->length, &out, &offs, &e) == RT_OK);
     rt_scan sc = {.verify = 1, .final = 1, .limit = out.len};
-    rt_scan_run(&sc, out.p, out.len);
-    CHECK(sc.status == RT_OK && sc.nerr_total == 0 && (int64_t)(sc.pos.len / 8) == a->length);
+    CHECK(rt_scan_run(&sc, out.p, out.len) == RT_OK);
+    CHECK(sc.nerr_total == 0 && (int64_t)(sc.pos.len / 8) == a->length);
     Cols again;
-    Ctx ctx = {.record = -1};
     CHECK(rt_decode_start(&again, tmpl) == RT_OK);
-    CHECK(rt_decode_records(&ctx, &again, rtype, out.p, out.len, (const int64_t *)sc.pos.p, (const int64_t *)sc.lens.p,
-                            a->length) == 0);
+    rt_records rs = {out.p, out.len, (const int64_t *)sc.pos.p, (const int64_t *)sc.lens.p, a->length};
+    CHECK(rt_decode_records(&again, rtype, &rs, &e) == RT_OK);
     struct ArrowArray b;
     CHECK(rt_arrow_export(&again, &b) == RT_OK);
     for (int i = 0; i < n; i++) check_same_arrow(a->children[i], b.children[i], s->children[i]);
@@ -379,8 +383,8 @@ static void check_export(Cols *cs, const Cols *tmpl, int rtype, const uint8_t *n
         check_arrow(a.children[i], c);
         /* every buffer its layout uses is the array's now (or, a bitmap without nulls, freed) */
         const Col *col = &cs->cols[i];
-        int list = col->shape == S_LIST || col->shape == S_SEQ;
-        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQ || !col->inner.p));
+        int list = col->shape == S_LIST || col->shape == S_SEQUENCE;
+        CHECK(!col->valid.p && (!list || !col->rowoff.p) && (col->shape != S_SEQUENCE || !col->inner.p));
         CHECK((col->kind == K_NULL || !col->vals.p) && (col->kind != K_BYTES || !col->data.p));
     }
     check_reencode(tmpl, rtype, &a, &s);
@@ -420,7 +424,7 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
         const uint8_t *name;
         size_t len = in_take(&in, k >> 4, &name);
         int shape = (k >> 2) & 3;
-        rt_status st = rt_decode_add_column(&tmpl, name, len, k & 3, shape, f & 7, shape == S_SEQ);
+        rt_status st = rt_decode_add_column(&tmpl, name, len, k & 3, shape, f & 7, shape == S_SEQUENCE);
         CHECK(st == RT_OK || st == RT_BAD_SPEC);
         if (st == RT_OK) not_null[tmpl.ncols - 1] = (f >> 3) & 1;
     }
@@ -428,17 +432,20 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
     CHECK(rt_decode_start(&cs, &tmpl) == RT_OK && cs.ncols == tmpl.ncols);
     Records r;
     records_from(&in, &r);
-    Ctx ctx = {.record = -1};
-    if (rt_decode_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    rt_records rs = records_view(&r);
+    rt_error e = RT_ERROR_INIT;
+    rt_status st = rt_decode_records(&cs, rtype, &rs, &e);
+    if (st == RT_OK) {
+        CHECK(e.status == RT_OK);
         CHECK(cs.nrecords == r.nrec);
         for (int i = 0; i < cs.ncols; i++) check_column(&cs.cols[i], r.nrec);
         check_export(&cs, &tmpl, rtype, not_null, head >> 3);
     } else {
-        rt_status st = ctx.err.status;
+        CHECK(e.status == st);
         CHECK(malformed(st) || st == RT_KIND_MISMATCH || st == RT_COUNT_MISMATCH);
-        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
-        CHECK(ctx.err.offset >= -1 && ctx.err.offset <= r.lens[ctx.err.record]);
-        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.actual != ctx.err.expected && ctx.err.col >= 0);
+        CHECK(e.record >= 0 && e.record < r.nrec && e.col < cs.ncols);
+        CHECK(e.offset >= -1 && e.offset <= r.lens[e.record]);
+        if (st == RT_KIND_MISMATCH) CHECK(e.actual != e.expected && e.col >= 0);
     }
     for (int64_t i = 0; i < r.nrec; i++) check_varints(r.buf + r.pos[i] + 12, r.buf + r.pos[i] + 12 + r.lens[i]);
     check_byte_array(&r);
@@ -449,7 +456,9 @@ static int fuzz_decode(const uint8_t *data, size_t size, int rtype) {
 }
 
 static int fuzz_decode_example(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_EXAMPLE); }
-static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_decode(data, size, R_SEQUENCE); }
+static int fuzz_decode_sequence(const uint8_t *data, size_t size) {
+    return fuzz_decode(data, size, R_SEQUENCE_EXAMPLE);
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* inspect: byte 0 picks Example or SequenceExample; then records. When inspect succeeds, a     */
@@ -457,12 +466,14 @@ static int fuzz_decode_sequence(const uint8_t *data, size_t size) { return fuzz_
 
 static int fuzz_inspect(const uint8_t *data, size_t size) {
     In in = {data, data + size};
-    int rtype = in_byte(&in) & 1 ? R_SEQUENCE : R_EXAMPLE;
+    int rtype = in_byte(&in) & 1 ? R_SEQUENCE_EXAMPLE : R_EXAMPLE;
     Records r;
     records_from(&in, &r);
     Stats cs = {0};
-    Ctx ctx = {.record = -1};
-    if (rt_inspect_records(&ctx, &cs, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0) {
+    rt_records rs = records_view(&r);
+    rt_error e = RT_ERROR_INIT;
+    rt_status st = rt_inspect_records(&cs, rtype, &rs, &e);
+    if (st == RT_OK) {
         CHECK(cs.nrecords == r.nrec);
         Cols ds;
         CHECK(rt_decode_init(&ds, cs.ncols) == RT_OK);
@@ -471,10 +482,10 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
             const rt_key *k = &cs.names.keys[i];
             int kind = c->kind == K_NONE ? K_NULL : c->kind;
             CHECK(c->kind == K_NONE ? c->kind_record == -1 : c->kind_record >= 0 && c->kind_record < r.nrec);
-            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, c->section ? S_SEQ : S_LIST, 0, c->section) == RT_OK);
+            int shape = c->section ? S_SEQUENCE : S_LIST;
+            CHECK(rt_decode_add_column(&ds, k->name, k->len, kind, shape, 0, c->section) == RT_OK);
         }
-        Ctx dctx = {.record = -1};
-        CHECK(rt_decode_records(&dctx, &ds, rtype, r.buf, r.n, r.pos, r.lens, r.nrec) == 0);
+        CHECK(rt_decode_records(&ds, rtype, &rs, &e) == RT_OK);
         for (int i = 0; i < cs.ncols; i++) {
             const Stat *c = &cs.cols[i];
             const Col *d = &ds.cols[i];
@@ -491,10 +502,10 @@ static int fuzz_inspect(const uint8_t *data, size_t size) {
         }
         rt_decode_free(&ds);
     } else {
-        rt_status st = ctx.err.status;
+        CHECK(e.status == st);
         CHECK(malformed(st) || st == RT_KIND_MISMATCH);
-        CHECK(ctx.err.record >= 0 && ctx.err.record < r.nrec && ctx.err.col < cs.ncols);
-        if (st == RT_KIND_MISMATCH) CHECK(ctx.err.other_record >= 0 && ctx.err.other_record <= ctx.err.record);
+        CHECK(e.record >= 0 && e.record < r.nrec && e.col < cs.ncols);
+        if (st == RT_KIND_MISMATCH) CHECK(e.other_record >= 0 && e.other_record <= e.record);
     }
     records_free(&r);
     rt_inspect_free(&cs);
@@ -539,17 +550,17 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
     ECol *e = &g->e;
     uint8_t b = in_byte(in);
     e->kind = b & 3;
-    e->shape = (b >> 2) % 3 == 2 ? S_SEQ : (b >> 2) % 3;
-    if (rtype == R_EXAMPLE && e->shape == S_SEQ) e->shape = S_LIST;
+    e->shape = (b >> 2) % 3 == 2 ? S_SEQUENCE : (b >> 2) % 3;
+    if (rtype == R_EXAMPLE && e->shape == S_SEQUENCE) e->shape = S_LIST;
     if (e->kind == K_NULL && e->shape == S_SCALAR) e->shape = S_LIST;
-    if (rtype == R_BYTES) e->kind = K_BYTES, e->shape = S_SCALAR;
+    if (rtype == R_BYTE_ARRAY) e->kind = K_BYTES, e->shape = S_SCALAR;
     g->name[0] = (uint8_t)ci; /* distinct keys: a repeated key would rightly lose its first value */
     const uint8_t *at;
     size_t nl = in_take(in, b >> 5, &at);
     memcpy(g->name + 1, at, nl);
     e->key = g->name;
     e->key_len = 1 + nl;
-    e->has_valid = rtype != R_BYTES && (in_byte(in) & 1);
+    e->has_valid = rtype != R_BYTE_ARRAY && (in_byte(in) & 1);
     e->valid_off = e->has_valid ? in_byte(in) & 15 : 0;
     size_t vbytes = (size_t)(e->valid_off + nrows + 7) / 8;
     g->valid = calloc(vbytes ? vbytes : 1, 1);
@@ -564,7 +575,7 @@ static void gen_valid_col(In *in, GenCol *g, int rtype, int ci, int64_t nrows) {
         if (e->kind == K_NULL && e->shape == S_LIST && ecol_valid(e, i)) n = 0; /* only ever empty */
         g->rowoff[i + 1] = g->rowoff[i] + n;
     }
-    if (e->shape == S_SEQ) {
+    if (e->shape == S_SEQUENCE) {
         nsteps = g->rowoff[nrows] + in_byte(in) % 2;
         g->inner = malloc(sizeof(int64_t) * (size_t)(nsteps + 1));
         g->inner[0] = in_byte(in) % 3;
@@ -657,7 +668,7 @@ static void check_same_elems(const ECol *e, int64_t a, int64_t b, const Col *d, 
 
 /* Decodes what was encoded and compares every row with the buffers it came from. */
 static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, const Buf *out, const rt_scan *s) {
-    if (rtype == R_BYTES) {
+    if (rtype == R_BYTE_ARRAY) {
         for (int64_t i = 0; i < nrows; i++) {
             const int64_t *o = g[0].e.vals.buf;
             int64_t len = rd_i64(s->lens.p + 8 * i), p = rd_i64(s->pos.p + 8 * i);
@@ -670,11 +681,11 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
     CHECK(rt_decode_init(&cs, ncols) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
-        CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQ) == RT_OK);
+        CHECK(rt_decode_add_column(&cs, e->key, e->key_len, e->kind, e->shape, 0, e->shape == S_SEQUENCE) == RT_OK);
     }
-    Ctx ctx = {.record = -1};
-    CHECK(rt_decode_records(&ctx, &cs, rtype, out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p,
-                         nrows) == 0);
+    rt_records rs = {out->p, out->len, (const int64_t *)s->pos.p, (const int64_t *)s->lens.p, nrows};
+    rt_error e = RT_ERROR_INIT;
+    CHECK(rt_decode_records(&cs, rtype, &rs, &e) == RT_OK);
     for (int i = 0; i < ncols; i++) {
         const ECol *e = &g[i].e;
         const Col *d = &cs.cols[i];
@@ -688,7 +699,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
                 da = rd_i32(d->rowoff.p + 4 * r);
                 db = rd_i32(d->rowoff.p + 4 * (r + 1));
             }
-            if (e->shape != S_SEQ) {
+            if (e->shape != S_SEQUENCE) {
                 check_same_elems(e, a, b, d, da, db);
                 continue;
             }
@@ -706,7 +717,7 @@ static void check_round_trip(GenCol *g, int ncols, int rtype, int64_t nrows, con
 static int fuzz_encode(const uint8_t *data, size_t size) {
     In in = {data, data + size};
     uint8_t b = in_byte(&in);
-    int raw = b >> 7, rtype = (b & 3) % 3, ncols = rtype == R_BYTES ? 1 : (b >> 2) % (MAXCOLS + 1);
+    int raw = b >> 7, rtype = (b & 3) % 3, ncols = rtype == R_BYTE_ARRAY ? 1 : (b >> 2) % (MAXCOLS + 1);
     int64_t nrows = raw ? raw_count(&in) : in_byte(&in) % 12;
     GenCol g[MAXCOLS];
     memset(g, 0, sizeof(g));
@@ -718,17 +729,18 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
     }
     CHECK(ok || raw);
     Buf out = {0}, offs = {0};
-    int bad_col = -1;
+    rt_error e = RT_ERROR_INIT;
     rt_status st = RT_OK;
     ECol cols[MAXCOLS];
     for (int i = 0; i < ncols; i++) cols[i] = g[i].e;
-    if (ok) st = rt_encode(cols, ncols, rtype, nrows, &out, &offs, &bad_col);
-    if (ok && st != RT_OK) CHECK(raw && (bad_col >= 0 || st == RT_OUT_OF_MEMORY));
+    if (ok) st = rt_encode(cols, ncols, rtype, nrows, &out, &offs, &e);
+    if (ok) CHECK(e.status == st);
+    if (ok && st != RT_OK) CHECK(raw && (e.col >= 0 || st == RT_OUT_OF_MEMORY));
     if (ok && st == RT_OK) {
         CHECK(offs.len == (size_t)nrows * 8);
         rt_scan s = {.verify = 1, .final = 1, .limit = out.len};
-        rt_scan_run(&s, out.p, out.len);
-        CHECK(s.status == RT_OK && s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
+        CHECK(rt_scan_run(&s, out.p, out.len) == RT_OK);
+        CHECK(s.nerr == 0 && s.consumed == out.len && s.pos.len == offs.len);
         CHECK(offs.len == 0 || memcmp(s.pos.p, offs.p, offs.len) == 0);
         check_round_trip(g, ncols, rtype, nrows, &out, &s);
         free(s.pos.p);
@@ -797,6 +809,8 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
 /* ------------------------------------------------------------------------------------------ */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
     rt_crc_init();
     return 0;
 }

@@ -98,3 +98,11 @@ def test_encode_reads_its_columns_by_name():
     assert (info.value.status, info.value.column, info.value.record) == (Status.FEWER_VALUES_THAN_ROWS, b"v", -1)
     with pytest.raises(AttributeError):
         _native.encode(RecordTypeCode.EXAMPLE, 2, [tuple(col)])
+
+
+def test_frame_sizes_come_from_the_extension():
+    from ray_tfrecord.core import framing
+
+    assert _native.FRAME == {"LENGTH_BYTES": 8, "HEADER_BYTES": 12, "FOOTER_BYTES": 4}
+    assert (framing.LENGTH_BYTES, framing.HEADER_BYTES, framing.FOOTER_BYTES) == (8, 12, 4)
+    assert framing.FRAME_OVERHEAD == 16

@@ -176,6 +176,23 @@ def test_invalid_wire_types_are_located_errors(tmp_path, bad, column, what, at):
     assert str(err).endswith(f"malformed record: {what} (at byte {at} of the record)")
 
 
+def test_unknown_group_fields_are_refused_as_tensorflow_refuses_them(tmp_path):
+    # Protobuf's own parser would skip an unknown group; TensorFlow's parse_example refuses the
+    # record, and so do we: groups are a malformed record, located at the group's start tag.
+    import tensorflow as tf
+
+    group = varint(5 << 3 | 3) + varint(1 << 3 | 0) + varint(7) + varint(5 << 3 | 4)  # field 5 { 1: 7 }
+    assert group == b"\x2b\x08\x07\x2c"
+    bad = GOOD + group
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.parse_example(tf.constant([bad]), {"a": tf.io.VarLenFeature(tf.int64)})
+    tf.io.parse_example(tf.constant([GOOD]), {"a": tf.io.VarLenFeature(tf.int64)})  # the rest is well-formed
+    err = second_record_error(tmp_path, bad)
+    assert err.column is None
+    assert str(err).endswith(f"malformed record: unsupported wire type (groups or invalid) (at byte {len(GOOD)} "
+                             "of the record)")
+
+
 def test_known_fields_with_the_wrong_wire_type_are_skipped_as_unknown(tmp_path):
     # As protobuf's parsers do: a known field number with an unexpected wire type is an unknown field.
     payloads = [

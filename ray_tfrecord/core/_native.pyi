@@ -15,6 +15,8 @@ KINDS: Final[dict[str, int]]
 SHAPES: Final[dict[str, int]]
 SECTIONS: Final[dict[str, int]]
 RECORD_TYPES: Final[dict[str, int]]
+# A record's frame: LENGTH_BYTES, HEADER_BYTES (length and its CRC), FOOTER_BYTES (the payload's CRC).
+FRAME: Final[dict[str, int]]
 
 class Buffer:
     """Read-only memory owned by the native codec (supports the buffer protocol)."""

@@ -32,8 +32,12 @@ from .errors import CorruptRecordError, NotTFRecordError
 from .options import Compression, OnCorrupt
 
 _log = logging.getLogger(__name__)
-# Bytes of a record's header before its payload: the length (8) and the length's CRC (4).
-HEADER_BYTES = 12
+# A record's frame, as the extension defines it: the length (LENGTH_BYTES) and the length's CRC make
+# the header before the payload (HEADER_BYTES); the payload's CRC follows it (FOOTER_BYTES).
+LENGTH_BYTES = _native.FRAME["LENGTH_BYTES"]
+HEADER_BYTES = _native.FRAME["HEADER_BYTES"]
+FOOTER_BYTES = _native.FRAME["FOOTER_BYTES"]
+FRAME_OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 
 _WBITS = {"gzip": 31, "zlib": 15}
 #: Protobuf cannot parse a message of 2 GiB or more, so no Example can be larger.
@@ -60,7 +64,8 @@ def detect_compression(head: bytes) -> Compression | None:
     A plain file whose first length CRC holds is plain whatever its bytes look like: a length
     whose low bytes happen to read ``78 9c`` must not be mistaken for a ZLIB header.
     """
-    if len(head) >= HEADER_BYTES and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
+    length_crc = struct.unpack_from("<I", head, LENGTH_BYTES)[0] if len(head) >= HEADER_BYTES else None
+    if length_crc is not None and masked_crc32c(head[:LENGTH_BYTES]) == length_crc:
         return None
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -126,9 +131,10 @@ _NOT_TFRECORD = ("; the file does not look like TFRecord at all (Parquet, CSV or
 
 def _frame_error(status: Status, length: int, available: int) -> str:
     if status == Status.TRUNCATED_HEADER:
-        return f"truncated record header: {available} bytes left, 12 needed"
+        return f"truncated record header: {available} bytes left, {HEADER_BYTES} needed"
     if status == Status.TRUNCATED_DATA:
-        return f"truncated record: length field claims {length} bytes (+4 CRC) but only {available} bytes remain"
+        return (f"truncated record: length field claims {length} bytes (+{FOOTER_BYTES} CRC) but only {available} "
+                "bytes remain")
     if status == Status.BAD_LENGTH_CRC:
         return "corrupted record: length CRC mismatch"
     return f"corrupted record: data CRC mismatch over {length} bytes"
@@ -311,14 +317,16 @@ def iter_chunks(stream: ByteStream, *, path: str, start: int = 0, end: int | Non
     base, need, resyncing = start, 0, resync
     pending: bytes | np.ndarray = b""
     while end is None or base < end:
-        room = max_record_bytes + 16 if size is None else min(size - base, max_record_bytes + 16)
+        most = max_record_bytes + FRAME_OVERHEAD
+        room = most if size is None else min(size - base, most)
         if need > room:
             # The length at `base` claims more than the file (or any valid record) can hold: no
             # need to read it. A resync candidate that cannot fit is simply no boundary.
             if not resyncing and size is not None and size - base < need:
-                defect(base, _frame_error(Status.TRUNCATED_DATA, need - 16, size - base - 12) + where)
+                claimed = need - FRAME_OVERHEAD
+                defect(base, _frame_error(Status.TRUNCATED_DATA, claimed, size - base - HEADER_BYTES) + where)
             elif not resyncing:
-                defect(base, f"record length field claims {need - 16} bytes, more than max_record_bytes="
+                defect(base, f"record length field claims {need - FRAME_OVERHEAD} bytes, more than max_record_bytes="
                        f"{max_record_bytes}{where}")
             pending, base, need, resyncing = pending[1:], base + 1, 0, True
         data, eof, broken = _fill(stream, pending, max(len(pending) + chunk_bytes, need), max(chunk_bytes, 1 << 16))

@@ -115,8 +115,8 @@ def _inspect(chunk: RecordChunk, rtype: int) -> list[_native.InspectedColumn]:
     except _native.CodecError as e:
         name = e.column.decode("utf-8", "replace") if e.column is not None else None
         if e.status == Status.KIND_MISMATCH:
-            raise SchemaError(f"feature is {KIND_NAMES[Kind(e.actual)]} here but {KIND_NAMES[Kind(e.expected)]} in the record at "
-                              f"offset {chunk.offset(e.other_record)}; kinds never merge", path=chunk.path,
+            raise SchemaError(f"feature is {KIND_NAMES[Kind(e.actual)]} here but {KIND_NAMES[Kind(e.expected)]} in the "
+                              f"record at offset {chunk.offset(e.other_record)}; kinds never merge", path=chunk.path,
                               offset=chunk.offset(e.record), column=name) from None
         raise DecodeError(f"malformed record: {e} (at byte {e.offset} of the record)", path=chunk.path,
                           offset=chunk.offset(e.record), column=name) from None

@@ -73,7 +73,7 @@ static int column_export(Col *c, int64_t nrows, struct ArrowArray *a) {
         if (array_node(a, nrows, c->nulls, nbufs, 1)) return -1;
         if (c->shape != S_FIXED) array_take(a, 1, &c->rowoff);
         struct ArrowArray *leaf = a->children[0];
-        if (c->shape == S_SEQ) {
+        if (c->shape == S_SEQUENCE) {
             if (array_node(leaf, c->ninner, 0, 2, 1)) return -1;
             array_take(leaf, 1, &c->inner);
             leaf = leaf->children[0];
@@ -152,7 +152,7 @@ static int column_schema(const Col *c, const rt_key *k, int nullable, struct Arr
     else snprintf(format, sizeof(format), "+l");
     if (schema_node(s, format, k->name, k->len, flags, 1)) return -1;
     struct ArrowSchema *leaf = s->children[0];
-    if (c->shape == S_SEQ) {
+    if (c->shape == S_SEQUENCE) {
         if (schema_node(leaf, "+l", item, 4, ARROW_FLAG_NULLABLE, 1)) return -1;
         leaf = leaf->children[0];
     }
@@ -220,7 +220,7 @@ static rt_status no_nulls(const struct ArrowArray *a, const struct ArrowSchema *
     for (int64_t k = lo; k < hi; k++)
         if (is_format(s, "n") || !arrow_valid(a, k)) {
             e->actual = k;
-            return st;
+            return e->status = st;
         }
     return RT_OK;
 }
@@ -281,7 +281,7 @@ RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSch
     const int64_t *r = c->rowoff.buf;
     int64_t lo = nrows ? r[0] : 0, hi = nrows ? r[nrows] : 0;
     if (lo < 0 || hi > child->length) return RT_BAD_SPEC;
-    if (shape == S_SEQ) {
+    if (shape == S_SEQUENCE) {
         if (!is_list(cs)) return RT_BAD_SPEC;
         if ((st = no_nulls(child, cs, lo, hi, RT_NULL_INNER_LIST, e)) != RT_OK ||
             (st = offsets64(child, is_format(cs, "+L"), child->length, &owned[1], &c->inner)) != RT_OK)

@@ -62,8 +62,9 @@ RT_API rt_status rt_arrow_schema(const Cols *cs, const uint8_t *not_null, struct
  * encoder reads as int64 that a holds otherwise are widened into owned[0..2] (buf_free them after
  * encoding, whatever this returns). c->key and key_len are left to the caller.
  * RT_OK; RT_BAD_SPEC for any other layout; RT_OUT_OF_MEMORY; RT_NULL_INNER_LIST or
- * RT_NULL_LIST_ELEMENT for a null inside a row's list (as the encoder cannot write one), with
- * e->actual the null's element index in its child array. */
+ * RT_NULL_LIST_ELEMENT for a null inside a row's list (as the encoder cannot write one), in
+ * e->status too, with e->actual the null's element index in its child array (e->col is left to
+ * the caller, which knows the column's index). */
 RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSchema *s, int64_t nrows, int kind,
                                int shape, int64_t fixed_n, ECol *c, Buf owned[3], rt_error *e);
 

@@ -93,12 +93,34 @@ static inline const char *rt_status_message(rt_status s) {
     return (unsigned)s < RT_STATUS_COUNT ? messages[s] : "unknown status";
 }
 
-/* A feature's kind (K_NONE: no kind set, or not seen yet), a column's shape, the record type,
- * and the map a feature lives in. */
-enum { K_NONE = -1, K_BYTES = 0, K_FLOAT = 1, K_INT64 = 2, K_NULL = 3 };
-enum { S_SCALAR = 0, S_LIST = 1, S_FIXED = 2, S_SEQ = 3 };
-enum { R_EXAMPLE = 0, R_SEQUENCE = 1, R_BYTES = 2 };
-enum { SECTION_CONTEXT = 0, SECTION_FEATURE_LISTS = 1 };
+/* The codes Python mirrors as IntEnums, each named once: X(prefix, name, value) makes the C
+ * constant prefix_name, and module.c exports {"name": value} under the list's Python name. */
+/* A feature's kind (NONE: no kind set, or not seen yet); the column's leaf type. */
+#define RT_KIND_LIST(X) X(K, NONE, -1) X(K, BYTES, 0) X(K, FLOAT, 1) X(K, INT64, 2) X(K, NULL, 3)
+/* A column's shape: scalar, list, fixed-size list, or a SequenceExample feature_list. */
+#define RT_SHAPE_LIST(X) X(S, SCALAR, 0) X(S, LIST, 1) X(S, FIXED, 2) X(S, SEQUENCE, 3)
+#define RT_RECORD_TYPE_LIST(X) X(R, EXAMPLE, 0) X(R, SEQUENCE_EXAMPLE, 1) X(R, BYTE_ARRAY, 2)
+/* The map of a record a feature lives in. */
+#define RT_SECTION_LIST(X) X(SECTION, CONTEXT, 0) X(SECTION, FEATURE_LISTS, 1)
+
+/* A TFRecord frame: the payload's length (uint64), its masked CRC-32C (uint32), the payload, the
+ * payload's masked CRC-32C (uint32). Python's framing reads these sizes from the extension. */
+#define RT_FRAME_LIST(X) X(RT, LENGTH_BYTES, 8) X(RT, HEADER_BYTES, 12) X(RT, FOOTER_BYTES, 4)
+
+#define RT_CONST_ENUM(prefix, name, value) prefix##_##name = value,
+enum { RT_KIND_LIST(RT_CONST_ENUM) };
+enum { RT_SHAPE_LIST(RT_CONST_ENUM) };
+enum { RT_RECORD_TYPE_LIST(RT_CONST_ENUM) };
+enum { RT_SECTION_LIST(RT_CONST_ENUM) };
+enum { RT_FRAME_LIST(RT_CONST_ENUM) };
+/* What a frame adds to its payload. */
+#define RT_FRAME_OVERHEAD (RT_HEADER_BYTES + RT_FOOTER_BYTES)
+#undef RT_CONST_ENUM
+
+/* The error convention of every entry point of the units: it returns an rt_status (RT_OK, or why
+ * it failed), and one that reads records or columns takes an rt_error *, which on a failure holds
+ * the same status and where it happened (the record, the column, the byte in the record).
+ * Internal helpers return 0 or -1 and leave the details in that rt_error. */
 
 /* Where a call failed: the status plus what Python needs to name the file offset and column.
  * The last three are set only for the statuses named beside them. */
@@ -112,13 +134,26 @@ typedef struct {
     int64_t other_record; /* inspect's KIND_MISMATCH: the record where the column got its kind */
 } rt_error;
 
+/* An rt_error before anything failed: no status, no place. */
+#define RT_ERROR_INIT {.status = RT_OK, .record = -1, .col = -1, .offset = -1, .other_record = -1}
+
+/* The records a call reads: count records whose headers start at pos[] in buf[0, n), with payload
+ * lengths lens[], as the scan found them. The caller's word is not trusted: each span is checked
+ * against n before its record is read (rt_span_ok). */
+typedef struct {
+    const uint8_t *buf;
+    size_t n;
+    const int64_t *pos, *lens;
+    int64_t count;
+} rt_records;
+
 static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 /* Whether the record whose header starts at pos, with a payload of len bytes, lies inside n bytes. */
 static inline int rt_span_ok(size_t n, int64_t pos, int64_t len) {
     return pos >= 0 && len >= 0 && (uint64_t)pos <= n && (uint64_t)len <= n - (uint64_t)pos &&
-           n - (uint64_t)pos - (uint64_t)len >= 12;
+           n - (uint64_t)pos - (uint64_t)len >= RT_HEADER_BYTES;
 }
 
 /* Growable output: filled while decoding or encoding, then handed to the caller as is. */

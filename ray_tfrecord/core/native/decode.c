@@ -13,8 +13,9 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
 static rt_status col_begin(Col *c) {
     c->seen = -1;
     int32_t zero = 0;
-    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL, c->shape == S_LIST || c->shape == S_SEQ ? &c->rowoff : NULL,
-                     c->shape == S_SEQ ? &c->inner : NULL};
+    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL,
+                     c->shape == S_LIST || c->shape == S_SEQUENCE ? &c->rowoff : NULL,
+                     c->shape == S_SEQUENCE ? &c->inner : NULL};
     for (int i = 0; i < 3; i++) {
         if (!starts[i]) continue;
         if (buf_reserve(starts[i], 4)) return RT_OUT_OF_MEMORY;
@@ -26,8 +27,9 @@ static rt_status col_begin(Col *c) {
 
 RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section) {
-    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQ || fixed_n < 0 ||
-        (kind == K_NULL && shape != S_LIST && shape != S_SEQ) ||
+    if (cs->ncols >= cs->cap || kind < K_BYTES || kind > K_NULL || shape < S_SCALAR || shape > S_SEQUENCE ||
+        fixed_n < 0 ||
+        (kind == K_NULL && shape != S_LIST && shape != S_SEQUENCE) ||
         (section != SECTION_CONTEXT && section != SECTION_FEATURE_LISTS))
         return RT_BAD_SPEC;
     if (rt_table_add(&cs->names, name, name_len, section) < 0) return RT_OUT_OF_MEMORY;
@@ -77,23 +79,32 @@ static void col_rollback(Col *c) {
     c->ninner = c->row_inner;
     c->data.len = (size_t)c->row_data;
     c->vals.len = c->kind == K_BYTES ? (size_t)(c->row_vals + 1) * 4 : (size_t)c->row_vals * elem_size(c->kind);
-    if (c->shape == S_SEQ) c->inner.len = (size_t)(c->row_inner + 1) * 4;
+    if (c->shape == S_SEQUENCE) c->inner.len = (size_t)(c->row_inner + 1) * 4;
 }
 
-/* One Feature message into column ci; returns the number of values through *count. */
-static int feature_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end, int64_t *count) {
-    Col *col = &cs->cols[ci];
-    Feature ft;
-    if (feature_parse(c, p, end, ci, &ft)) return -1;
-    *count = 0;
-    if (ft.kind == K_NONE) return 0;
-    if (ft.kind != col->kind) {
-        c->err.actual = ft.kind;
-        c->err.expected = col->kind;
+/* decode's walk (walk_records): the schema's columns take their features' values. */
+
+/* A feature outside the schema is skipped. */
+static inline int decode_column(void *self, Ctx *c, const MapEntry *e, int entry_no, int section, int *ci) {
+    Cols *cs = self;
+    *ci = rt_table_lookup(&cs->names, entry_no, section, e->key, e->key_len);
+    if (*ci < 0) return 0;
+    Col *col = &cs->cols[*ci];
+    if (col->seen == c->record) col_rollback(col);
+    col->seen = c->record;
+    return 0;
+}
+
+static inline int decode_feature(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end) {
+    Col *col = &((Cols *)self)->cols[ci];
+    if (ft->kind != col->kind) {
+        c->err->actual = ft->kind;
+        c->err->expected = col->kind;
         return fail_at(c, RT_KIND_MISMATCH, p, ci);
     }
-    if (feature_collect(c, &ft, end, &col->vals, &col->data, ci, 1, count)) return -1;
-    col->nvals += *count;
+    int64_t n = 0;
+    if (feature_collect(c, ft, end, &col->vals, &col->data, ci, 1, &n)) return -1;
+    col->nvals += n;
     if (col->kind == K_BYTES && col->nvals > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, p, ci);
     return 0;
 }
@@ -107,39 +118,11 @@ static int push_i32(Ctx *c, Buf *b, int64_t v, int ci) {
     return 0;
 }
 
-/* A FeatureList (SequenceExample feature_lists value) into a list<list<T>> column. */
-static int feature_list_values(Ctx *c, Cols *cs, int ci, const uint8_t *p, const uint8_t *end) {
-    const uint8_t *vs, *ve;
-    int rc;
-    while ((rc = next_list_feature(c, &p, end, ci, &vs, &ve)) > 0) {
-        int64_t n;
-        if (feature_values(c, cs, ci, vs, ve, &n)) return -1;
-        Col *col = &cs->cols[ci];
-        col->ninner++;
-        if (push_i32(c, &col->inner, col->nvals, ci)) return -1;
-    }
-    return rc;
-}
-
-/* A Features or FeatureLists map; features outside the schema are skipped. */
-static int parse_map(Ctx *c, Cols *cs, const uint8_t *p, const uint8_t *end, int section) {
-    MapEntry e;
-    int rc;
-    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
-        int ci = rt_table_lookup(&cs->names, entry_no, section, e.key, e.key_len);
-        if (ci < 0) continue;
-        Col *col = &cs->cols[ci];
-        if (col->seen == c->record) col_rollback(col);
-        col->seen = c->record;
-        if (!e.val) continue;
-        if (section == SECTION_CONTEXT) {
-            int64_t n;
-            if (feature_values(c, cs, ci, e.val, e.val_end, &n)) return -1;
-        } else if (feature_list_values(c, cs, ci, e.val, e.val_end)) {
-            return -1;
-        }
-    }
-    return rc;
+/* A step of a feature_list column ends its inner list. */
+static inline int decode_step(void *self, Ctx *c, int ci) {
+    Col *col = &((Cols *)self)->cols[ci];
+    col->ninner++;
+    return push_i32(c, &col->inner, col->nvals, ci);
 }
 
 static int set_bit(Buf *b, int64_t i, int v) {
@@ -158,13 +141,13 @@ static int finish_record(Ctx *c, Cols *cs) {
         int present = col->seen == c->record;
         int64_t n = col->nvals - col->row_vals;
         if (present && col->shape == S_SCALAR && n != 1) {
-            c->err.actual = n;
-            c->err.expected = 1;
+            c->err->actual = n;
+            c->err->expected = 1;
             return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
         }
         if (present && col->shape == S_FIXED && n != col->fixed_n) {
-            c->err.actual = n;
-            c->err.expected = col->fixed_n;
+            c->err->actual = n;
+            c->err->expected = col->fixed_n;
             return fail_at(c, RT_COUNT_MISMATCH, NULL, ci);
         }
         if (set_bit(&col->valid, col->nrows, present)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
@@ -184,7 +167,7 @@ static int finish_record(Ctx *c, Cols *cs) {
             col->nvals += fill;
         }
         if (col->shape == S_LIST && push_i32(c, &col->rowoff, col->nvals, ci)) return -1;
-        if (col->shape == S_SEQ && push_i32(c, &col->rowoff, col->ninner, ci)) return -1;
+        if (col->shape == S_SEQUENCE && push_i32(c, &col->rowoff, col->ninner, ci)) return -1;
         col->row_vals = col->nvals;
         col->row_inner = col->ninner;
         col->row_data = (int64_t)col->data.len;
@@ -208,34 +191,36 @@ static void presize(Cols *cs, int64_t done, int64_t nrec) {
     }
 }
 
-RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                      const int64_t *lens, int64_t nrec) {
-    for (int64_t r = 0; r < nrec; r++) {
-        const uint8_t *p, *end, *vs, *ve;
-        int section, rc;
-        if (record_begin(c, buf, n, pos, lens, r, &p, &end)) return -1;
-        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
-            if (parse_map(c, cs, vs, ve, section)) return -1;
-        if (rc < 0 || finish_record(c, cs)) return -1;
-        if (r == 7 && nrec > 64) presize(cs, r + 1, nrec);
-    }
-    cs->nrecords = nrec;
+static inline int decode_end_record(void *self, Ctx *c, int64_t count) {
+    if (finish_record(c, self)) return -1;
+    if (c->record == 7 && count > 64) presize(self, c->record + 1, count);
     return 0;
 }
 
-RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
-                        Buf *offsets, Buf *data) {
+RT_API rt_status rt_decode_records(Cols *cs, int rtype, const rt_records *rs, rt_error *e) {
+    rt_status st =
+        walk_records(rs, rtype, e, (Walker){decode_column, decode_feature, decode_step, decode_end_record}, cs);
+    if (st == RT_OK) cs->nrecords = rs->count;
+    return st;
+}
+
+RT_API rt_status rt_byte_array(const rt_records *rs, Buf *offsets, Buf *data, rt_error *e) {
+    const int64_t nrec = rs->count, *pos = rs->pos, *lens = rs->lens;
     uint64_t total = 0;
     for (int64_t r = 0; r < nrec; r++) {
-        if (!rt_span_ok(n, pos[r], lens[r])) return RT_BAD_SPAN;
+        if (!rt_span_ok(rs->n, pos[r], lens[r])) {
+            e->record = r;
+            return e->status = RT_BAD_SPAN;
+        }
         total += (uint64_t)lens[r];
     }
-    if (total > INT32_MAX) return RT_RECORDS_TOO_LARGE;
-    if (buf_reserve(offsets, (size_t)(nrec + 1) * 4) || buf_reserve(data, (size_t)total)) return RT_OUT_OF_MEMORY;
+    if (total > INT32_MAX) return e->status = RT_RECORDS_TOO_LARGE;
+    if (buf_reserve(offsets, (size_t)(nrec + 1) * 4) || buf_reserve(data, (size_t)total))
+        return e->status = RT_OUT_OF_MEMORY;
     int32_t o = 0;
     memcpy(offsets->p, &o, 4);
     for (int64_t r = 0; r < nrec; r++) {
-        memcpy(data->p + o, buf + pos[r] + 12, (size_t)lens[r]);
+        memcpy(data->p + o, rs->buf + pos[r] + RT_HEADER_BYTES, (size_t)lens[r]);
         o += (int32_t)lens[r];
         memcpy(offsets->p + 4 * (r + 1), &o, 4);
     }

@@ -34,10 +34,8 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols);
  * decode cannot honour (nothing added), or RT_OUT_OF_MEMORY. */
 RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name_len, int kind, int shape, int64_t fixed_n,
                                int section);
-/* Decodes the nrec records whose headers start at pos[] (payload lengths lens[]) in buf[0, n).
- * 0, or -1 with c->err set. */
-RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                      const int64_t *lens, int64_t nrec);
+/* Decodes the records rs into cs's columns: RT_OK, or the failure's status with e saying where. */
+RT_API rt_status rt_decode_records(Cols *cs, int rtype, const rt_records *rs, rt_error *e);
 /* A call's columns from a decoder's, built once with rt_decode_init and rt_decode_add_column: the
  * same specs, and the same name table read-only (its lookup predictions are this call's own), so
  * that calls on several threads share one decoder. RT_OK or RT_OUT_OF_MEMORY; free cs with
@@ -45,8 +43,8 @@ RT_API int rt_decode_records(Ctx *c, Cols *cs, int rtype, const uint8_t *buf, si
 RT_API rt_status rt_decode_start(Cols *cs, const Cols *tmpl);
 RT_API void rt_decode_free(Cols *cs);
 
-/* ByteArray records: their raw payloads as one binary column (int32 offsets, data). */
-RT_API rt_status rt_byte_array(const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t nrec,
-                        Buf *offsets, Buf *data);
+/* ByteArray records: their raw payloads as one binary column (int32 offsets, data). RT_OK;
+ * RT_BAD_SPAN (e->record: the record), RT_RECORDS_TOO_LARGE or RT_OUT_OF_MEMORY. */
+RT_API rt_status rt_byte_array(const rt_records *rs, Buf *offsets, Buf *data, rt_error *e);
 
 #endif

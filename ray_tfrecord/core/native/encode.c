@@ -2,6 +2,7 @@
 #include "encode.h"
 
 #include "crc32c.h"
+#include "wire.h"
 
 /* 1 + floor(log2 / 7) without a division (protobuf's formula): it runs once per value, 784 per image. */
 static inline size_t vsize(uint64_t v) { return ((size_t)(63 - __builtin_clzll(v | 1)) * 9 + 73) >> 6; }
@@ -71,16 +72,16 @@ static size_t feature_size(const ECol *c, int64_t a, int64_t b, size_t payload) 
 static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, size_t payload) {
     if (c->kind == K_NULL) return o;
     size_t ls = list_size(c, a, b, payload);
-    *o++ = c->kind == K_BYTES ? 0x0A : c->kind == K_FLOAT ? 0x12 : 0x1A;
+    *o++ = (uint8_t)RT_TAG(field_of_kind(c->kind), WT_LEN);
     o = put_varint(o, ls);
     if (b <= a) return o;
     if (c->kind == K_INT64) {
         const int64_t *v = c->vals.buf;
-        *o++ = 0x0A;
+        *o++ = TAG_LIST_VALUE;
         o = put_varint(o, payload);
         for (int64_t k = a; k < b; k++) o = put_varint(o, (uint64_t)v[k]);
     } else if (c->kind == K_FLOAT) {
-        *o++ = 0x0A;
+        *o++ = TAG_LIST_VALUE;
         o = put_varint(o, payload);
         memcpy(o, (const uint8_t *)c->vals.buf + a * 4, payload);
         o += payload;
@@ -89,7 +90,7 @@ static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, s
         const uint8_t *d = c->data.buf;
         for (int64_t k = a; k < b; k++) {
             size_t len = (size_t)(off[k + 1] - off[k]);
-            *o++ = 0x0A;
+            *o++ = TAG_LIST_VALUE;
             o = put_varint(o, len);
             memcpy(o, d + off[k], len);
             o += len;
@@ -102,7 +103,7 @@ static uint8_t *write_feature(uint8_t *o, const ECol *c, int64_t a, int64_t b, s
 static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) {
+    if (c->shape != S_SEQUENCE) {
         *payload = list_payload(c, a, b);
         return feature_size(c, a, b, *payload);
     }
@@ -117,21 +118,21 @@ static size_t body_size(const ECol *c, int64_t i, size_t *payload) {
 
 static uint8_t *write_entry(uint8_t *o, const ECol *c, int64_t i, size_t body, size_t payload) {
     size_t entry = 1 + vsize(c->key_len) + c->key_len + 1 + vsize(body) + body;
-    *o++ = 0x0A;
+    *o++ = TAG_MAP_ENTRY;
     o = put_varint(o, entry);
-    *o++ = 0x0A;
+    *o++ = TAG_ENTRY_KEY;
     o = put_varint(o, c->key_len);
     memcpy(o, c->key, c->key_len);
     o += c->key_len;
-    *o++ = 0x12;
+    *o++ = TAG_ENTRY_VALUE;
     o = put_varint(o, body);
     int64_t a, b;
     row_span(c, i, &a, &b);
-    if (c->shape != S_SEQ) return write_feature(o, c, a, b, payload);
+    if (c->shape != S_SEQUENCE) return write_feature(o, c, a, b, payload);
     const int64_t *in = c->inner.buf;
     for (int64_t k = a; k < b; k++) {
         size_t step = list_payload(c, in[k], in[k + 1]);
-        *o++ = 0x0A;
+        *o++ = TAG_FEATURE_LIST_STEP;
         o = put_varint(o, feature_size(c, in[k], in[k + 1], step));
         o = write_feature(o, c, in[k], in[k + 1], step);
     }
@@ -161,7 +162,7 @@ static rt_status ecol_check(const ECol *c, int64_t nrows) {
     if (c->kind == K_BYTES && !monotone(c->vals.buf, c->nvals, c->ndata)) return RT_BYTES_OFFSETS_OUT_OF_RANGE;
     if (c->shape == S_SCALAR) return elems >= nrows ? RT_OK : RT_FEWER_VALUES_THAN_ROWS;
     if (c->nrowoff - 1 < nrows) return RT_FEWER_LIST_OFFSETS_THAN_ROWS;
-    if (c->shape == S_SEQ) {
+    if (c->shape == S_SEQUENCE) {
         if (!monotone(c->rowoff.buf, nrows + 1, c->ninner - 1)) return RT_SEQUENCE_OFFSETS_OUT_OF_RANGE;
         if (c->kind == K_NULL) return RT_OK;
         return monotone(c->inner.buf, c->ninner, elems) ? RT_OK : RT_INNER_OFFSETS_OUT_OF_RANGE;
@@ -177,11 +178,12 @@ static rt_status ecol_check(const ECol *c, int64_t nrows) {
 
 RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols) {
     int bad = c->kind < K_BYTES || c->kind > K_NULL || c->valid_off < 0 ||
-              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQ) ||
-              (c->shape != S_SCALAR && !c->has_rowoff) || (c->shape == S_SEQ && c->kind != K_NULL && !c->has_inner) ||
+              (c->shape != S_SCALAR && c->shape != S_LIST && c->shape != S_SEQUENCE) ||
+              (c->shape != S_SCALAR && !c->has_rowoff) ||
+              (c->shape == S_SEQUENCE && c->kind != K_NULL && !c->has_inner) ||
               (c->kind != K_NULL && !c->has_vals) || (c->kind == K_BYTES && !c->has_data) ||
-              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQ) ||
-              (rtype == R_BYTES && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
+              (c->kind == K_NULL && c->shape == S_SCALAR) || (rtype == R_EXAMPLE && c->shape == S_SEQUENCE) ||
+              (rtype == R_BYTE_ARRAY && (ncols != 1 || c->kind != K_BYTES || c->shape != S_SCALAR || c->has_valid));
     if (bad) return RT_BAD_SPEC;
     c->nrowoff = c->has_rowoff ? (int64_t)(c->rowoff.len / 8) : 0;
     c->ninner = c->has_inner ? (int64_t)(c->inner.len / 8) : 0;
@@ -210,25 +212,25 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
     }
     for (int64_t i = 0; i < nrows; i++) {
         size_t ctx = 0, fl = 0;
-        if (rtype == R_BYTES) { /* the single binary column is the record payload itself */
+        if (rtype == R_BYTE_ARRAY) { /* the single binary column is the record payload itself */
             int64_t a, b;
             row_span(&cols[0], i, &a, &b);
             const int64_t *off = cols[0].vals.buf;
             ctx = (size_t)(off[a + 1] - off[a]);
         }
-        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++) {
+        for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++) {
             const ECol *c = &cols[ci];
             if (!ecol_valid(c, i)) {
                 body[ci] = SIZE_MAX;
                 continue;
             }
             body[ci] = body_size(c, i, &pay[ci]);
-            if (c->shape == S_SEQ) fl += entry_total(c, body[ci]);
+            if (c->shape == S_SEQUENCE) fl += entry_total(c, body[ci]);
             else ctx += entry_total(c, body[ci]);
         }
-        size_t msg = rtype == R_BYTES ? ctx : 1 + vsize(ctx) + ctx;
-        if (rtype == R_SEQUENCE) msg += 1 + vsize(fl) + fl;
-        size_t need = msg + 16 + VARINT_SLACK;
+        size_t msg = rtype == R_BYTE_ARRAY ? ctx : 1 + vsize(ctx) + ctx;
+        if (rtype == R_SEQUENCE_EXAMPLE) msg += 1 + vsize(fl) + fl;
+        size_t need = msg + RT_FRAME_OVERHEAD + VARINT_SLACK;
         if (need > out->cap - out->len && buf_reserve(out, reserve_for(out->len, need, i, nrows))) {
             free(body);
             return RT_OUT_OF_MEMORY;
@@ -236,47 +238,47 @@ static rt_status encode_records(const ECol *cols, int ncols, int rtype, int64_t 
         int64_t start = (int64_t)out->len;
         memcpy(offs->p + offs->len, &start, 8);
         offs->len += 8;
-        uint8_t *h = out->p + out->len, *o = h + 12;
+        uint8_t *h = out->p + out->len, *o = h + RT_HEADER_BYTES;
         uint64_t len64 = msg;
-        memcpy(h, &len64, 8);
-        uint32_t lc = masked_crc(h, 8);
-        memcpy(h + 8, &lc, 4);
-        if (rtype == R_BYTES) {
+        memcpy(h, &len64, sizeof(len64));
+        uint32_t lc = masked_crc(h, RT_LENGTH_BYTES);
+        memcpy(h + RT_LENGTH_BYTES, &lc, sizeof(lc));
+        if (rtype == R_BYTE_ARRAY) {
             const int64_t *off = cols[0].vals.buf;
             memcpy(o, (const uint8_t *)cols[0].data.buf + off[i], ctx);
             o += ctx;
         } else {
-            *o++ = 0x0A;
+            *o++ = TAG_FEATURES;
             o = put_varint(o, ctx);
         }
-        for (int ci = 0; ci < ncols && rtype != R_BYTES; ci++)
-            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
-        if (rtype == R_SEQUENCE) {
-            *o++ = 0x12;
+        for (int ci = 0; ci < ncols && rtype != R_BYTE_ARRAY; ci++)
+            if (body[ci] != SIZE_MAX && cols[ci].shape != S_SEQUENCE)
+                o = write_entry(o, &cols[ci], i, body[ci], pay[ci]);
+        if (rtype == R_SEQUENCE_EXAMPLE) {
+            *o++ = TAG_FEATURE_LISTS;
             o = put_varint(o, fl);
             for (int ci = 0; ci < ncols; ci++)
-                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQ) o = write_entry(o, &cols[ci], i, body[ci], 0);
+                if (body[ci] != SIZE_MAX && cols[ci].shape == S_SEQUENCE) o = write_entry(o, &cols[ci], i, body[ci], 0);
         }
-        if ((size_t)(o - (h + 12)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
+        if ((size_t)(o - (h + RT_HEADER_BYTES)) != msg) { /* a size/write mismatch would be a codec bug: fail loudly */
             free(body);
             return RT_SIZE_MISMATCH;
         }
-        uint32_t dc = masked_crc(h + 12, msg);
+        uint32_t dc = masked_crc(h + RT_HEADER_BYTES, msg);
         memcpy(o, &dc, 4);
-        out->len += msg + 16;
+        out->len += msg + RT_FRAME_OVERHEAD;
     }
     free(body);
     return RT_OK;
 }
 
-RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col) {
-    *bad_col = -1;
+RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, rt_error *e) {
     for (int ci = 0; ci < ncols; ci++) {
         rt_status s = ecol_check(&cols[ci], nrows);
         if (s != RT_OK) {
-            *bad_col = ci;
-            return s;
+            e->col = ci;
+            return e->status = s;
         }
     }
-    return encode_records(cols, ncols, rtype, nrows, out, offs);
+    return e->status = encode_records(cols, ncols, rtype, nrows, out, offs);
 }

@@ -38,7 +38,8 @@ static inline void row_span(const ECol *c, int64_t i, int64_t *a, int64_t *b) {
  * RT_OK or RT_BAD_SPEC. */
 RT_API rt_status rt_encode_prepare(ECol *c, int rtype, int64_t ncols);
 /* Checks every prepared column's buffers, then encodes nrows records into out and their start
- * offsets (int64) into offs. On an inconsistent column, *bad_col names it (else -1). */
-RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, int *bad_col);
+ * offsets (int64) into offs: RT_OK, or the failure's status, in e too, with e->col naming the
+ * inconsistent column (-1 for a failure of the whole call: RT_OUT_OF_MEMORY, RT_SIZE_MISMATCH). */
+RT_API rt_status rt_encode(const ECol *cols, int ncols, int rtype, int64_t nrows, Buf *out, Buf *offs, rt_error *e);
 
 #endif

@@ -17,62 +17,53 @@ static int add_stat(Stats *st, const uint8_t *k, size_t n, int section) {
     return st->ncols++;
 }
 
-/* One Feature message of column ci: its kind must be the one the column already has. */
-static int count_feature(Ctx *c, Stats *st, int ci, const uint8_t *p, const uint8_t *end) {
-    Stat *col = &st->cols[ci];
-    Feature ft;
-    if (feature_parse(c, p, end, ci, &ft)) return -1;
-    if (ft.kind == K_NONE) return 0;
+/* inspect's walk (walk_records): every feature becomes a column on first sight. */
+
+static inline int inspect_column(void *self, Ctx *c, const MapEntry *e, int entry_no, int section, int *ci) {
+    Stats *st = self;
+    *ci = rt_table_lookup(&st->names, entry_no, section, e->key, e->key_len);
+    if (*ci < 0) {
+        *ci = add_stat(st, e->key, e->key_len, section);
+        if (*ci < 0) return fail_at(c, RT_OUT_OF_MEMORY, e->at, -1);
+        rt_table_predict(&st->names, entry_no, section, *ci);
+    }
+    Stat *col = &st->cols[*ci];
+    if (col->seen == c->record) { /* a repeated map key: the last one wins */
+        col->nvals = col->row_vals;
+        col->nsteps = col->row_steps;
+    }
+    col->seen = c->record;
+    return 0;
+}
+
+/* A Feature of column ci: its kind must be the one the column already has. */
+static inline int inspect_feature(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end) {
+    Stat *col = &((Stats *)self)->cols[ci];
     if (col->kind == K_NONE) {
-        col->kind = ft.kind;
+        col->kind = ft->kind;
         col->kind_record = c->record;
-    } else if (col->kind != ft.kind) {
-        c->err.actual = ft.kind;
-        c->err.expected = col->kind;
-        c->err.other_record = col->kind_record;
+    } else if (col->kind != ft->kind) {
+        c->err->actual = ft->kind;
+        c->err->expected = col->kind;
+        c->err->other_record = col->kind_record;
         return fail_at(c, RT_KIND_MISMATCH, p, ci);
     }
     int64_t count = 0;
-    if (feature_collect(c, &ft, end, NULL, NULL, ci, 0, &count)) return -1;
+    if (feature_collect(c, ft, end, NULL, NULL, ci, 0, &count)) return -1;
     col->nvals += count;
     return 0;
 }
 
-static int count_feature_list(Ctx *c, Stats *st, int ci, const uint8_t *p, const uint8_t *end) {
-    const uint8_t *vs, *ve;
-    int rc;
-    while ((rc = next_list_feature(c, &p, end, ci, &vs, &ve)) > 0) {
-        if (count_feature(c, st, ci, vs, ve)) return -1;
-        st->cols[ci].nsteps++;
-    }
-    return rc;
+static inline int inspect_step(void *self, Ctx *c, int ci) {
+    (void)c;
+    ((Stats *)self)->cols[ci].nsteps++;
+    return 0;
 }
 
-static int inspect_map(Ctx *c, Stats *st, const uint8_t *p, const uint8_t *end, int section) {
-    MapEntry e;
-    int rc;
-    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
-        int ci = rt_table_lookup(&st->names, entry_no, section, e.key, e.key_len);
-        if (ci < 0) {
-            ci = add_stat(st, e.key, e.key_len, section);
-            if (ci < 0) return fail_at(c, RT_OUT_OF_MEMORY, e.at, -1);
-            rt_table_predict(&st->names, entry_no, section, ci);
-        }
-        Stat *col = &st->cols[ci];
-        if (col->seen == c->record) { /* a repeated map key: the last one wins */
-            col->nvals = col->row_vals;
-            col->nsteps = col->row_steps;
-        }
-        col->seen = c->record;
-        if (!e.val) continue;
-        if (section == SECTION_CONTEXT ? count_feature(c, st, ci, e.val, e.val_end)
-                                       : count_feature_list(c, st, ci, e.val, e.val_end))
-            return -1;
-    }
-    return rc;
-}
-
-static void finish_stats(Ctx *c, Stats *st) {
+/* Closes the record: the presence and value-count bounds of the features it held. */
+static inline int inspect_end_record(void *self, Ctx *c, int64_t count) {
+    (void)count;
+    Stats *st = self;
     for (int ci = 0; ci < st->ncols; ci++) {
         Stat *col = &st->cols[ci];
         if (col->seen == c->record) {
@@ -84,21 +75,14 @@ static void finish_stats(Ctx *c, Stats *st) {
         col->row_vals = col->nvals;
         col->row_steps = col->nsteps;
     }
+    return 0;
 }
 
-RT_API int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                       const int64_t *lens, int64_t nrec) {
-    for (int64_t r = 0; r < nrec; r++) {
-        const uint8_t *p, *end, *vs, *ve;
-        int section, rc;
-        if (record_begin(c, buf, n, pos, lens, r, &p, &end)) return -1;
-        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
-            if (inspect_map(c, st, vs, ve, section)) return -1;
-        if (rc < 0) return -1;
-        finish_stats(c, st);
-    }
-    st->nrecords = nrec;
-    return 0;
+RT_API rt_status rt_inspect_records(Stats *st, int rtype, const rt_records *rs, rt_error *e) {
+    rt_status s =
+        walk_records(rs, rtype, e, (Walker){inspect_column, inspect_feature, inspect_step, inspect_end_record}, st);
+    if (s == RT_OK) st->nrecords = rs->count;
+    return s;
 }
 
 RT_API void rt_inspect_free(Stats *st) {

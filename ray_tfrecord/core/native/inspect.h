@@ -22,9 +22,9 @@ typedef struct {
     int64_t nrecords;
 } Stats;
 
-/* 0, or -1 with c->err set. Names borrow the records' memory. Free with rt_inspect_free. */
-RT_API int rt_inspect_records(Ctx *c, Stats *st, int rtype, const uint8_t *buf, size_t n, const int64_t *pos,
-                       const int64_t *lens, int64_t nrec);
+/* Adds the records rs to st: RT_OK, or the failure's status with e saying where. Names borrow the
+ * records' memory. Free st with rt_inspect_free whatever this returns. */
+RT_API rt_status rt_inspect_records(Stats *st, int rtype, const rt_records *rs, rt_error *e);
 RT_API void rt_inspect_free(Stats *st);
 
 #endif

@@ -179,10 +179,11 @@ static PyObject *raise_status(rt_status s) {
 /* ------------------------------------------------------------------------------------------ */
 /* Arguments                                                                                   */
 
-/* The common arguments of decode/inspect/byte_array: buffer, positions, lengths. */
+/* The common arguments of decode/inspect/byte_array: buffer, positions, lengths, and the records
+ * the core reads from their views. */
 typedef struct {
     Py_buffer buf, pos, lens;
-    int64_t nrec;
+    rt_records rs;
 } Spans;
 
 static int spans_get(PyObject *b, PyObject *p, PyObject *l, Spans *s) {
@@ -204,7 +205,7 @@ static int spans_get(PyObject *b, PyObject *p, PyObject *l, Spans *s) {
         PyErr_SetString(PyExc_ValueError, "positions and lengths must be int64 arrays of equal length");
         return -1;
     }
-    s->nrec = s->pos.len / 8;
+    s->rs = (rt_records){s->buf.buf, (size_t)s->buf.len, s->pos.buf, s->lens.buf, s->pos.len / 8};
     return 0;
 }
 
@@ -252,6 +253,7 @@ static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     static char *kwlist[] = {"buffer", "verify", "final", "skip", "limit", "resync", NULL};
     Py_buffer view;
     rt_scan s = {.verify = 1, .final = 1};
+    rt_status st;
     long long limit = -1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|pppLp", kwlist, &view, &s.verify, &s.final, &s.skip, &limit,
                                      &s.resync))
@@ -259,11 +261,11 @@ static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     s.limit = limit < 0 ? (size_t)view.len : (size_t)limit;
 
     Py_BEGIN_ALLOW_THREADS
-    rt_scan_run(&s, view.buf, (size_t)view.len);
+    st = rt_scan_run(&s, view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&view);
-    PyObject *errlist = s.status == RT_OK ? PyList_New(s.nerr) : NULL;
+    PyObject *errlist = st == RT_OK ? PyList_New(s.nerr) : NULL;
     for (int i = 0; errlist && i < s.nerr; i++) {
         const rt_frame_error *e = &s.errs[i];
         PyObject *t = new_struct(FrameErrorType, "(iLLL)", (int)e->status, (long long)e->offset, (long long)e->length,
@@ -274,7 +276,7 @@ static PyObject *py_scan(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     if (!errlist) {
         buf_free(&s.pos);
         buf_free(&s.lens);
-        return s.status == RT_OK ? NULL : raise_status(s.status);
+        return st == RT_OK ? NULL : raise_status(st);
     }
     PyObject *result = new_struct(ScanResultType, "(NNnNLnO)", buf_to_py(&s.pos), buf_to_py(&s.lens),
                                   (Py_ssize_t)s.consumed, errlist, (long long)s.nerr_total,
@@ -299,15 +301,16 @@ static PyObject *py_masked_crc32c(PyObject *Py_UNUSED(self), PyObject *arg) {
 /* ------------------------------------------------------------------------------------------ */
 /* decode, inspect, byte_array                                                                 */
 
-/* After a core's failure: MemoryError, or the located CodecError naming the column. */
-static void raise_record_error(const Ctx *ctx, const rt_table *names) {
-    if (ctx->err.status == RT_OUT_OF_MEMORY) {
+/* After a reader's failure: MemoryError, or the located CodecError naming the column (names:
+ * the columns' names, NULL when the reader has no columns). */
+static void raise_record_error(const rt_error *e, const rt_table *names) {
+    if (e->status == RT_OUT_OF_MEMORY) {
         PyErr_NoMemory();
         return;
     }
-    const rt_key *k = ctx->err.col >= 0 ? &names->keys[ctx->err.col] : NULL;
+    const rt_key *k = names && e->col >= 0 ? &names->keys[e->col] : NULL;
     PyObject *name = k ? PyBytes_FromStringAndSize((const char *)k->name, (Py_ssize_t)k->len) : NULL;
-    if (!k || name) raise_codec_error(&ctx->err, name, NULL);
+    if (!k || name) raise_codec_error(e, name, NULL);
     Py_XDECREF(name);
 }
 
@@ -414,7 +417,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *spec;
     int rtype;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi", kwlist, &spec, &rtype)) return NULL;
-    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE) {
+    if (rtype != R_EXAMPLE && rtype != R_SEQUENCE_EXAMPLE) {
         PyErr_SetString(PyExc_ValueError, "a Decoder decodes Example or SequenceExample records");
         return NULL;
     }
@@ -480,25 +483,22 @@ static PyObject *decoder_decode(DecoderObject *self, PyObject *args) {
     batch->schema.release = NULL;
     batch->null_column = -1;
     Cols cs;
-    Ctx ctx = {.record = -1};
-    int rc = 0;
+    rt_error err = RT_ERROR_INIT; /* set by the decode alone: the batch's assembly fails only for memory */
     rt_status st;
     unsigned long long t0 = now_ns();
     Py_BEGIN_ALLOW_THREADS
     st = rt_decode_start(&cs, &self->tmpl);
-    if (st == RT_OK) {
-        rc = rt_decode_records(&ctx, &cs, self->rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
-        for (int i = 0; !rc && i < cs.ncols && batch->null_column < 0; i++)
-            if (self->not_null[i] && cs.cols[i].nulls) batch->null_column = i;
-        if (!rc) st = rt_arrow_schema(&cs, self->not_null, &batch->schema);
-        if (!rc && st == RT_OK) st = rt_arrow_export(&cs, &batch->array);
-    }
+    if (st == RT_OK) st = rt_decode_records(&cs, self->rtype, &s.rs, &err);
+    for (int i = 0; st == RT_OK && i < cs.ncols && batch->null_column < 0; i++)
+        if (self->not_null[i] && cs.cols[i].nulls) batch->null_column = i;
+    if (st == RT_OK) st = rt_arrow_schema(&cs, self->not_null, &batch->schema);
+    if (st == RT_OK) st = rt_arrow_export(&cs, &batch->array);
     rt_decode_free(&cs);
     Py_END_ALLOW_THREADS
     self->nogil_ns += now_ns() - t0;
     spans_release(&s);
-    if (rc || st != RT_OK) {
-        if (rc) raise_record_error(&ctx, &self->tmpl.names);
+    if (st != RT_OK) {
+        if (err.status != RT_OK) raise_record_error(&err, &self->tmpl.names);
         else raise_status(st);
         Py_DECREF(batch);
         return NULL;
@@ -541,14 +541,14 @@ static PyObject *py_inspect(PyObject *Py_UNUSED(self), PyObject *args) {
     Spans s;
     if (spans_get(b, p, l, &s)) return NULL;
     Stats st = {0};
-    Ctx ctx = {.record = -1};
-    int rc;
+    rt_error err = RT_ERROR_INIT;
+    rt_status status;
     Py_BEGIN_ALLOW_THREADS
-    rc = rt_inspect_records(&ctx, &st, rtype, s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec);
+    status = rt_inspect_records(&st, rtype, &s.rs, &err);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
-    if (rc) {
-        raise_record_error(&ctx, &st.names);
+    if (status != RT_OK) {
+        raise_record_error(&err, &st.names);
         goto done;
     }
     result = PyList_New(st.ncols);
@@ -573,15 +573,17 @@ static PyObject *py_byte_array(PyObject *Py_UNUSED(self), PyObject *args) {
     Spans s;
     if (spans_get(b, p, l, &s)) return NULL;
     Buf off = {0}, data = {0};
+    rt_error err = RT_ERROR_INIT;
     rt_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = rt_byte_array(s.buf.buf, (size_t)s.buf.len, s.pos.buf, s.lens.buf, s.nrec, &off, &data);
+    st = rt_byte_array(&s.rs, &off, &data, &err);
     Py_END_ALLOW_THREADS
     spans_release(&s);
     if (st != RT_OK) {
         buf_free(&off);
         buf_free(&data);
-        return raise_status(st);
+        raise_record_error(&err, NULL);
+        return NULL;
     }
     PyObject *result = new_struct(ByteArrayType, "(NN)", buf_to_py(&off), buf_to_py(&data));
     buf_free(&off); /* still set only if buf_to_py failed */
@@ -670,15 +672,14 @@ static void call_free(EncodeCall *k) {
 /* Encodes the prepared columns (GIL released): an Encoded, or NULL with the error raised. */
 static PyObject *encode_columns(EncodeCall *k, int rtype, long long nrows, PyObject *names) {
     Buf out = {0}, offs = {0};
+    rt_error e = RT_ERROR_INIT;
     rt_status st;
-    int bad_col;
     Py_BEGIN_ALLOW_THREADS
-    st = rt_encode(k->cols, (int)k->n, rtype, nrows, &out, &offs, &bad_col);
+    st = rt_encode(k->cols, (int)k->n, rtype, nrows, &out, &offs, &e);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
-    if (st != RT_OK && bad_col >= 0) {
-        rt_error e = {.status = st, .record = -1, .col = bad_col, .offset = -1, .other_record = -1};
-        raise_column_error(&e, PyList_GET_ITEM(names, bad_col));
+    if (st != RT_OK && e.col >= 0) {
+        raise_column_error(&e, PyList_GET_ITEM(names, e.col));
     } else if (st != RT_OK) {
         raise_status(st);
     } else {
@@ -690,7 +691,7 @@ static PyObject *encode_columns(EncodeCall *k, int rtype, long long nrows, PyObj
 }
 
 static int encode_args_ok(int rtype, long long nrows) {
-    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTES) return 1;
+    if (nrows >= 0 && rtype >= R_EXAMPLE && rtype <= R_BYTE_ARRAY) return 1;
     PyErr_SetString(PyExc_ValueError, "invalid record type or row count");
     return 0;
 }
@@ -769,7 +770,7 @@ static PyObject *encoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
             attr_ll(col, "fixed_size", &fixed_n))
             goto fail;
         e->fixed_n = fixed_n;
-        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQ || fixed_n < 0) {
+        if (e->kind < K_BYTES || e->kind > K_NULL || e->shape < S_SCALAR || e->shape > S_SEQUENCE || fixed_n < 0) {
             raise_status(RT_BAD_SPEC);
             goto fail;
         }
@@ -835,7 +836,7 @@ static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
                    batch_import(exported, ncols, nrows, &sch, &arr)))
         goto done;
     rt_status st = RT_OK;
-    rt_error e = {.record = -1, .col = -1, .offset = -1, .other_record = -1};
+    rt_error e = RT_ERROR_INIT;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < ncols && st == RT_OK; i++) {
         ECol *c = &k.cols[i];
@@ -847,7 +848,6 @@ static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (st == RT_NULL_INNER_LIST || st == RT_NULL_LIST_ELEMENT) {
-        e.status = st;
         raise_column_error(&e, PyList_GET_ITEM(self->names, e.col));
         goto done;
     }
@@ -930,17 +930,18 @@ static int add_constants(PyObject *m) {
         RT_STATUS_LIST(RT_STATUS_NAMED)
 #undef RT_STATUS_NAMED
     };
-    static const Named kinds[] = {{"NONE", K_NONE}, {"BYTES", K_BYTES}, {"FLOAT", K_FLOAT}, {"INT64", K_INT64},
-                                  {"NULL", K_NULL}};
-    static const Named shapes[] = {{"SCALAR", S_SCALAR}, {"LIST", S_LIST}, {"FIXED", S_FIXED}, {"SEQUENCE", S_SEQ}};
-    static const Named record_types[] = {{"EXAMPLE", R_EXAMPLE}, {"SEQUENCE_EXAMPLE", R_SEQUENCE},
-                                         {"BYTE_ARRAY", R_BYTES}};
-    static const Named sections[] = {{"CONTEXT", SECTION_CONTEXT}, {"FEATURE_LISTS", SECTION_FEATURE_LISTS}};
+#define RT_CONST_NAMED(prefix, name, value) {#name, prefix##_##name},
+    static const Named kinds[] = {RT_KIND_LIST(RT_CONST_NAMED)};
+    static const Named shapes[] = {RT_SHAPE_LIST(RT_CONST_NAMED)};
+    static const Named record_types[] = {RT_RECORD_TYPE_LIST(RT_CONST_NAMED)};
+    static const Named sections[] = {RT_SECTION_LIST(RT_CONST_NAMED)};
+    static const Named frame[] = {RT_FRAME_LIST(RT_CONST_NAMED)};
+#undef RT_CONST_NAMED
 #define N(a) (sizeof(a) / sizeof(a[0]))
     return add_names(m, "STATUS", status, N(status)) || add_names(m, "KINDS", kinds, N(kinds)) ||
                    add_names(m, "SHAPES", shapes, N(shapes)) ||
                    add_names(m, "RECORD_TYPES", record_types, N(record_types)) ||
-                   add_names(m, "SECTIONS", sections, N(sections))
+                   add_names(m, "SECTIONS", sections, N(sections)) || add_names(m, "FRAME", frame, N(frame))
                ? -1
                : 0;
 #undef N

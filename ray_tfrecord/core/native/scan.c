@@ -8,18 +8,18 @@
  * candidate is never accepted unseen: an 8-byte payload followed by its CRC passes the length check
  * by construction, so only the data CRC tells such a false boundary apart. */
 static int plausible_boundary(const uint8_t *buf, size_t n, size_t q, int final, size_t *need) {
-    if (n - q < 12) return 0;
-    if (masked_crc(buf + q, 8) != rd32(buf + q + 8)) return 0;
+    if (n - q < RT_HEADER_BYTES) return 0;
+    if (masked_crc(buf + q, RT_LENGTH_BYTES) != rd32(buf + q + RT_LENGTH_BYTES)) return 0;
     uint64_t len = rd64(buf + q);
-    if (len > n - q - 12 || n - q - 12 - len < 4) {
+    if (len > n - q - RT_HEADER_BYTES || n - q - RT_HEADER_BYTES - len < RT_FOOTER_BYTES) {
         if (final) return 0;
-        *need = len > SIZE_MAX - 16 ? SIZE_MAX : (size_t)len + 16;
+        *need = len > SIZE_MAX - RT_FRAME_OVERHEAD ? SIZE_MAX : (size_t)len + RT_FRAME_OVERHEAD;
         return 2;
     }
-    return masked_crc(buf + q + 12, (size_t)len) == rd32(buf + q + 12 + len);
+    return masked_crc(buf + q + RT_HEADER_BYTES, (size_t)len) == rd32(buf + q + RT_HEADER_BYTES + len);
 }
 
-RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
+RT_API rt_status rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
     const int final = s->final, skip = s->skip;
     const size_t lim = s->limit;
     rt_frame_error *errs = s->errs;
@@ -33,7 +33,7 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
             size_t q = p;
             int verdict = 0;
             for (; q < n && q < lim; q++) {
-                if (n - q < 12 && !final) break;
+                if (n - q < RT_HEADER_BYTES && !final) break;
                 verdict = plausible_boundary(buf, n, q, final, &need);
                 if (verdict) break;
             }
@@ -47,9 +47,9 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
             p = q;
             resyncing = 0;
         }
-        if (n - p < 12) {
+        if (n - p < RT_HEADER_BYTES) {
             if (!final) {
-                need = 12;
+                need = RT_HEADER_BYTES;
                 break;
             }
             if (nerr < RT_SCAN_MAX_ERRORS) errs[nerr++] = (rt_frame_error){(int64_t)p, RT_TRUNCATED_HEADER, 0, (int64_t)(n - p)};
@@ -58,7 +58,7 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
             break;
         }
         uint64_t len = rd64(buf + p);
-        if (masked_crc(buf + p, 8) != rd32(buf + p + 8)) {
+        if (masked_crc(buf + p, RT_LENGTH_BYTES) != rd32(buf + p + RT_LENGTH_BYTES)) {
             if (nerr < RT_SCAN_MAX_ERRORS) errs[nerr++] = (rt_frame_error){(int64_t)p, RT_BAD_LENGTH_CRC, 0, 0};
             nerr_total++;
             if (!skip) break;
@@ -66,10 +66,10 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
             resyncing = 1;
             continue;
         }
-        size_t avail = n - p - 12;
-        if (len > avail || avail - len < 4) {
+        size_t avail = n - p - RT_HEADER_BYTES;
+        if (len > avail || avail - len < RT_FOOTER_BYTES) {
             if (!final) {
-                need = len > SIZE_MAX - 16 ? SIZE_MAX : (size_t)len + 16;
+                need = len > SIZE_MAX - RT_FRAME_OVERHEAD ? SIZE_MAX : (size_t)len + RT_FRAME_OVERHEAD;
                 break;
             }
             if (nerr < RT_SCAN_MAX_ERRORS)
@@ -80,12 +80,12 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
             resyncing = 1;
             continue;
         }
-        if (s->verify && masked_crc(buf + p + 12, (size_t)len) != rd32(buf + p + 12 + len)) {
+        if (s->verify && masked_crc(buf + p + RT_HEADER_BYTES, (size_t)len) != rd32(buf + p + RT_HEADER_BYTES + len)) {
             if (nerr < RT_SCAN_MAX_ERRORS) errs[nerr++] = (rt_frame_error){(int64_t)p, RT_BAD_DATA_CRC, (int64_t)len, 0};
             nerr_total++;
             if (!skip) break;
             /* The length CRC held, so the length is trustworthy: drop exactly this record. */
-            p += 16 + (size_t)len;
+            p += RT_FRAME_OVERHEAD + (size_t)len;
             continue;
         }
         if (buf_reserve(&s->pos, 8) || buf_reserve(&s->lens, 8)) {
@@ -97,12 +97,12 @@ RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n) {
         memcpy(s->lens.p + s->lens.len, &il, 8);
         s->pos.len += 8;
         s->lens.len += 8;
-        p += 16 + (size_t)len;
+        p += RT_FRAME_OVERHEAD + (size_t)len;
     }
     s->nerr = nerr;
     s->nerr_total = nerr_total;
     s->consumed = p;
     s->need = need;
     s->resyncing = resyncing;
-    s->status = status;
+    return status;
 }

@@ -20,12 +20,13 @@ typedef struct {
     Buf pos, lens;                   /* out: record header offsets and payload lengths (int64) */
     rt_frame_error errs[RT_SCAN_MAX_ERRORS]; /* out: the first defects found */
     int nerr, resyncing;
-    rt_status status; /* RT_OK, or RT_OUT_OF_MEMORY when pos/lens could not grow */
     int64_t nerr_total;
     size_t consumed, need;
 } rt_scan;
 
-/* Scans buf[0, n). On return the caller owns s->pos.p and s->lens.p (free them). */
-RT_API void rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n);
+/* Scans buf[0, n): RT_OK, or RT_OUT_OF_MEMORY when pos/lens could not grow (what was found so far
+ * is kept). Framing defects are no failure: they are listed in errs. On return the caller owns
+ * s->pos.p and s->lens.p (free them). */
+RT_API rt_status rt_scan_run(rt_scan *s, const uint8_t *buf, size_t n);
 
 #endif

@@ -1,25 +1,69 @@
 /*
- * Protobuf wire reading for Example / SequenceExample, shared by decode (which stores values) and
- * inspect (which counts them). Header-only so that both keep their hot loops in one translation
- * unit; every length is checked against the bytes that remain before it is used.
+ * The protobuf wire format of Example / SequenceExample: its names (wire types, field numbers and
+ * tags, which encode writes with too), and its reading, shared by decode (which stores values) and
+ * inspect (which counts them) down to one walk of a call's records (walk_records, at the end).
+ * Header-only so that both keep their hot loops in one translation unit; every length is checked
+ * against the bytes that remain before it is used.
  */
 #ifndef RT_WIRE_H
 #define RT_WIRE_H
 
 #include "common.h"
 
-/* The record being read, and where reading it failed. */
+/* Protobuf's wire types, by protobuf's names. Groups (SGROUP, EGROUP) are refused as malformed,
+ * as TensorFlow's parse_example refuses them. */
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I32 = 5 };
+#define WT_BITS 3 /* a tag is field_number << WT_BITS | wire_type */
+
+/* Field numbers of tensorflow/core/example/{example,feature}.proto. */
+enum {
+    F_FEATURES = 1,         /* Example.features, SequenceExample.context */
+    F_FEATURE_LISTS = 2,    /* SequenceExample.feature_lists */
+    F_MAP_ENTRY = 1,        /* Features.feature, FeatureLists.feature_list: the map's entries */
+    F_ENTRY_KEY = 1,        /* a map entry's key */
+    F_ENTRY_VALUE = 2,      /* its value: a Feature, or a FeatureList */
+    F_BYTES_LIST = 1,       /* Feature's oneof kind: bytes_list, */
+    F_FLOAT_LIST = 2,       /* float_list, */
+    F_INT64_LIST = 3,       /* int64_list */
+    F_LIST_VALUE = 1,       /* BytesList, FloatList, Int64List: value */
+    F_FEATURE_LIST_STEP = 1 /* FeatureList.feature */
+};
+
+/* The one-byte tags of the length-delimited fields above, as written and as matched fast. */
+#define RT_TAG(field, wt) ((field) << WT_BITS | (wt))
+enum {
+    TAG_FEATURES = RT_TAG(F_FEATURES, WT_LEN),
+    TAG_FEATURE_LISTS = RT_TAG(F_FEATURE_LISTS, WT_LEN),
+    TAG_MAP_ENTRY = RT_TAG(F_MAP_ENTRY, WT_LEN),
+    TAG_ENTRY_KEY = RT_TAG(F_ENTRY_KEY, WT_LEN),
+    TAG_ENTRY_VALUE = RT_TAG(F_ENTRY_VALUE, WT_LEN),
+    TAG_BYTES_LIST = RT_TAG(F_BYTES_LIST, WT_LEN),
+    TAG_FLOAT_LIST = RT_TAG(F_FLOAT_LIST, WT_LEN),
+    TAG_INT64_LIST = RT_TAG(F_INT64_LIST, WT_LEN),
+    TAG_LIST_VALUE = RT_TAG(F_LIST_VALUE, WT_LEN),
+    TAG_FEATURE_LIST_STEP = RT_TAG(F_FEATURE_LIST_STEP, WT_LEN),
+};
+
+/* A Feature's kind from the field number of its oneof member (F_BYTES_LIST..F_INT64_LIST), and back. */
+static inline int kind_of_field(uint32_t f) {
+    return f == F_BYTES_LIST ? K_BYTES : f == F_FLOAT_LIST ? K_FLOAT : K_INT64;
+}
+static inline uint32_t field_of_kind(int kind) {
+    return kind == K_BYTES ? F_BYTES_LIST : kind == K_FLOAT ? F_FLOAT_LIST : F_INT64_LIST;
+}
+
+/* The record being read, and the caller's rt_error that a failure fills. */
 typedef struct {
     const uint8_t *rec; /* start of the current record's payload, for error offsets */
     int64_t record;
-    rt_error err;
+    rt_error *err;
 } Ctx;
 
 static RT_MAYBE_UNUSED int fail_at(Ctx *c, rt_status status, const uint8_t *at, int col) {
-    c->err.status = status;
-    c->err.record = c->record;
-    c->err.col = col;
-    c->err.offset = at ? (int64_t)(at - c->rec) : -1;
+    c->err->status = status;
+    c->err->record = c->record;
+    c->err->col = col;
+    c->err->offset = at ? (int64_t)(at - c->rec) : -1;
     return -1;
 }
 
@@ -55,26 +99,26 @@ static inline int rd_field(Ctx *c, const uint8_t **pp, const uint8_t *end, uint3
     *wt = -1;
     *vstart = *vend = at;
     if (rd_varint(pp, end, &tag)) return fail_at(c, RT_MALFORMED_TAG, at, col);
-    *field = (uint32_t)(tag >> 3);
-    *wt = (int)(tag & 7);
+    *field = (uint32_t)(tag >> WT_BITS);
+    *wt = (int)(tag & ((1u << WT_BITS) - 1));
     if (*field == 0 || tag > 0xFFFFFFFFu) return fail_at(c, RT_MALFORMED_FIELD_NUMBER, at, col);
     const uint8_t *p = *pp;
     switch (*wt) {
-    case 0:
+    case WT_VARINT:
         *vstart = p;
         if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_VARINT, at, col);
         break;
-    case 1:
+    case WT_I64:
         if (end - p < 8) return fail_at(c, RT_MALFORMED_FIXED64, at, col);
         *vstart = p;
         p += 8;
         break;
-    case 5:
+    case WT_I32:
         if (end - p < 4) return fail_at(c, RT_MALFORMED_FIXED32, at, col);
         *vstart = p;
         p += 4;
         break;
-    case 2:
+    case WT_LEN:
         if (rd_varint(&p, end, &len)) return fail_at(c, RT_MALFORMED_LENGTH, at, col);
         if (len > (uint64_t)(end - p)) return fail_at(c, RT_MALFORMED_OVERRUN, at, col);
         *vstart = p;
@@ -195,8 +239,8 @@ static RT_MAYBE_UNUSED int feature_kind(Ctx *c, const uint8_t *p, const uint8_t 
         uint32_t f;
         int wt;
         if (rd_field(c, &p, end, &f, &wt, &vs, &ve, col)) return -1;
-        if (wt == 2 && f >= 1 && f <= 3) {
-            int k = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+        if (wt == WT_LEN && f >= F_BYTES_LIST && f <= F_INT64_LIST) {
+            int k = kind_of_field(f);
             if (k != *kind) {
                 *kind = k;
                 *run = at;
@@ -212,21 +256,21 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                                        int store, int64_t *count) {
     while (p < end) {
         const uint8_t *vs, *ve, *at = p;
-        uint32_t f = 1;
-        int wt = 2;
-        if (!ld_fast(&p, end, 0x0A, &vs, &ve)) {
+        uint32_t f = F_LIST_VALUE;
+        int wt = WT_LEN;
+        if (!ld_fast(&p, end, TAG_LIST_VALUE, &vs, &ve)) {
             if (rd_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
-            if (f != 1) continue;
+            if (f != F_LIST_VALUE) continue;
         }
         if (kind == K_INT64) {
-            if (wt == 2) {
+            if (wt == WT_LEN) {
                 if (store && buf_reserve(vals, (size_t)(ve - vs) * 8)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
                 int64_t *out = store ? (int64_t *)(vals->p + vals->len) : NULL;
                 int64_t k = 0;
                 if (packed_varints(vs, ve, out, &k)) return fail_at(c, RT_MALFORMED_PACKED_INT64, vs, ci);
                 if (store) vals->len += (size_t)k * 8;
                 *count += k;
-            } else if (wt == 0) {
+            } else if (wt == WT_VARINT) {
                 uint64_t v = 0;
                 const uint8_t *q = vs;
                 rd_varint(&q, ve, &v);
@@ -239,7 +283,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                 *count += 1;
             }
         } else if (kind == K_FLOAT) {
-            if (wt == 2) {
+            if (wt == WT_LEN) {
                 size_t nb = (size_t)(ve - vs);
                 if (nb % 4) return fail_at(c, RT_MALFORMED_PACKED_FLOAT, at, ci);
                 if (store) {
@@ -248,7 +292,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                     vals->len += nb;
                 }
                 *count += (int64_t)(nb / 4);
-            } else if (wt == 5) {
+            } else if (wt == WT_I32) {
                 if (store) {
                     if (buf_reserve(vals, 4)) return fail_at(c, RT_OUT_OF_MEMORY, at, ci);
                     memcpy(vals->p + vals->len, vs, 4);
@@ -256,7 +300,7 @@ static RT_MAYBE_UNUSED int list_values(Ctx *c, Buf *vals, Buf *data, int ci, int
                 }
                 *count += 1;
             }
-        } else if (wt == 2) { /* bytes */
+        } else if (wt == WT_LEN) { /* bytes */
             if (store) {
                 size_t nb = (size_t)(ve - vs);
                 if (data->len + nb > INT32_MAX) return fail_at(c, RT_BYTES_TOO_LARGE, at, ci);
@@ -285,13 +329,15 @@ static inline int feature_parse(Ctx *c, const uint8_t *p, const uint8_t *end, in
     uint32_t f;
     int wt;
     ft->only = ft->only_end = NULL;
-    if (end - p >= 3 && p[0] >= 0x0A && p[0] <= 0x1A && (p[0] & 7) == 2 && ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
-        ft->kind = p[0] == 0x0A ? K_BYTES : p[0] == 0x12 ? K_FLOAT : K_INT64;
+    if (end - p >= 3 && (p[0] == TAG_BYTES_LIST || p[0] == TAG_FLOAT_LIST || p[0] == TAG_INT64_LIST) &&
+        ld_fast(&q, end, p[0], &vs, &ve) && q == end) {
+        ft->kind = kind_of_field((uint32_t)p[0] >> WT_BITS);
         ft->run = p;
         ft->only = vs;
         ft->only_end = ve;
-    } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == 2 && f >= 1 && f <= 3) {
-        ft->kind = f == 1 ? K_BYTES : f == 2 ? K_FLOAT : K_INT64;
+    } else if (q = p, p < end && rd_field(c, &q, end, &f, &wt, &vs, &ve, ci) == 0 && q == end && wt == WT_LEN &&
+               f >= F_BYTES_LIST && f <= F_INT64_LIST) {
+        ft->kind = kind_of_field(f);
         ft->run = p;
         ft->only = vs;
         ft->only_end = ve;
@@ -311,21 +357,21 @@ static inline int feature_collect(Ctx *c, const Feature *ft, const uint8_t *end,
         uint32_t f;
         int wt;
         rd_field(c, &q, end, &f, &wt, &vs, &ve, ci); /* validated by feature_kind */
-        if (wt == 2 && (int)f == (ft->kind == K_BYTES ? 1 : ft->kind == K_FLOAT ? 2 : 3))
+        if (wt == WT_LEN && f == field_of_kind(ft->kind))
             if (list_values(c, vals, data, ci, ft->kind, vs, ve, store, count)) return -1;
     }
     return 0;
 }
 
 /* The next Feature of a FeatureList (its repeated field 1; other fields are skipped): 1 with
- * [*vs, *ve) set, 0 at the end, -1 on error. Decode and inspect walk feature lists with it. */
+ * [*vs, *ve) set, 0 at the end, -1 on error. */
 static inline int next_list_feature(Ctx *c, const uint8_t **pp, const uint8_t *end, int ci,
                                      const uint8_t **vs, const uint8_t **ve) {
     while (*pp < end) {
         uint32_t f;
         int wt;
         if (rd_field(c, pp, end, &f, &wt, vs, ve, ci)) return -1;
-        if (f == 1 && wt == 2) return 1;
+        if (f == F_FEATURE_LIST_STEP && wt == WT_LEN) return 1;
     }
     return 0;
 }
@@ -344,9 +390,9 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     int wt;
     for (;;) {
         if (p >= end) return 0;
-        if (ld_fast(&p, end, 0x0A, &vs, &ve)) break;
+        if (ld_fast(&p, end, TAG_MAP_ENTRY, &vs, &ve)) break;
         if (rd_field(c, &p, end, &f, &wt, &vs, &ve, -1)) return -1;
-        if (f == 1 && wt == 2) break;
+        if (f == F_MAP_ENTRY && wt == WT_LEN) break;
     }
     *pp = p;
     const uint8_t *key = vs, *val = NULL, *val_end = NULL, *q = vs;
@@ -354,10 +400,10 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     {
         const uint8_t *ks, *ke;
         /* the usual entry: key then value, nothing else */
-        if (ld_fast(&q, ve, 0x0A, &ks, &ke)) {
+        if (ld_fast(&q, ve, TAG_ENTRY_KEY, &ks, &ke)) {
             key = ks;
             key_len = (size_t)(ke - ks);
-            if (ld_fast(&q, ve, 0x12, &val, &val_end) && q != ve) val = NULL;
+            if (ld_fast(&q, ve, TAG_ENTRY_VALUE, &val, &val_end) && q != ve) val = NULL;
         }
         if (q != ve) {
             q = vs;
@@ -369,11 +415,11 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     while (q < ve) {
         const uint8_t *s, *e2;
         if (rd_field(c, &q, ve, &f, &wt, &s, &e2, -1)) return -1;
-        if (wt != 2) continue;
-        if (f == 1) {
+        if (wt != WT_LEN) continue;
+        if (f == F_ENTRY_KEY) {
             key = s;
             key_len = (size_t)(e2 - s);
-        } else if (f == 2) {
+        } else if (f == F_ENTRY_VALUE) {
             val = s;
             val_end = e2;
         }
@@ -382,14 +428,13 @@ static inline int map_entry(Ctx *c, const uint8_t **pp, const uint8_t *end, MapE
     return 1;
 }
 
-/* Starts record r of a call: checks that its span lies inside buf[0, n) and sets [*p, *end) to
- * its payload. */
-static inline int record_begin(Ctx *c, const uint8_t *buf, size_t n, const int64_t *pos, const int64_t *lens, int64_t r,
-                               const uint8_t **p, const uint8_t **end) {
+/* Starts record r of rs: checks that its span lies inside the buffer and sets [*p, *end) to its
+ * payload. */
+static inline int record_begin(Ctx *c, const rt_records *rs, int64_t r, const uint8_t **p, const uint8_t **end) {
     c->record = r;
-    if (!rt_span_ok(n, pos[r], lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
-    *p = buf + pos[r] + 12;
-    *end = *p + lens[r];
+    if (!rt_span_ok(rs->n, rs->pos[r], rs->lens[r])) return fail_at(c, RT_BAD_SPAN, NULL, -1);
+    *p = rs->buf + rs->pos[r] + RT_HEADER_BYTES;
+    *end = *p + rs->lens[r];
     c->rec = *p;
     return 0;
 }
@@ -402,13 +447,77 @@ static inline int record_map(Ctx *c, const uint8_t **pp, const uint8_t *end, int
         uint32_t f;
         int wt;
         if (rd_field(c, pp, end, &f, &wt, vs, ve, -1)) return -1;
-        if (wt != 2) continue;
-        if (f == 1 || (f == 2 && rtype == R_SEQUENCE)) {
-            *section = f == 1 ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
+        if (wt != WT_LEN) continue;
+        if (f == F_FEATURES || (f == F_FEATURE_LISTS && rtype == R_SEQUENCE_EXAMPLE)) {
+            *section = f == F_FEATURES ? SECTION_CONTEXT : SECTION_FEATURE_LISTS;
             return 1;
         }
     }
     return 0;
+}
+
+/* The walk of a call's records that decode and inspect share: every record's maps (Features and,
+ * in a SequenceExample, FeatureLists), every entry of a map, every step of a FeatureList, every
+ * Feature parsed. What a reader does with them is four callbacks on its own state (self), each
+ * returning 0, or -1 after fail_at:
+ *   column(self, c, entry, entry_no, section, *ci): the column of a map entry, -1 to skip it;
+ *   feature(self, c, ci, ft, p, end): a Feature [p, end) of column ci whose kind is set (a context
+ *     value, or a step of a feature list);
+ *   step(self, c, ci): after each step of a feature list of column ci, whether or not it set a kind;
+ *   end_record(self, c, count): after record c->record of count.
+ * The walk is always inlined into each reader with its callbacks known, so the compiler flattens it
+ * into the loop a hand-written walk would be: decode's hot loop pays no indirect call. */
+typedef int (*walk_column_fn)(void *self, Ctx *c, const MapEntry *e, int entry_no, int section, int *ci);
+typedef int (*walk_feature_fn)(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end);
+typedef int (*walk_step_fn)(void *self, Ctx *c, int ci);
+typedef int (*walk_record_fn)(void *self, Ctx *c, int64_t count);
+
+typedef struct {
+    walk_column_fn column;
+    walk_feature_fn feature;
+    walk_step_fn step;
+    walk_record_fn end_record;
+} Walker;
+
+#define RT_FLATTEN inline __attribute__((always_inline))
+
+static RT_FLATTEN int walk_feature(Ctx *c, const Walker w, void *self, int ci, const uint8_t *p, const uint8_t *end) {
+    Feature ft;
+    if (feature_parse(c, p, end, ci, &ft)) return -1;
+    return ft.kind == K_NONE ? 0 : w.feature(self, c, ci, &ft, p, end);
+}
+
+static RT_FLATTEN int walk_map(Ctx *c, const Walker w, void *self, const uint8_t *p, const uint8_t *end, int section) {
+    MapEntry e;
+    int rc;
+    for (int entry_no = 0; (rc = map_entry(c, &p, end, &e)) > 0; entry_no++) {
+        int ci;
+        if (w.column(self, c, &e, entry_no, section, &ci)) return -1;
+        if (ci < 0 || !e.val) continue;
+        if (section == SECTION_CONTEXT) {
+            if (walk_feature(c, w, self, ci, e.val, e.val_end)) return -1;
+            continue;
+        }
+        const uint8_t *q = e.val, *vs, *ve;
+        while ((rc = next_list_feature(c, &q, e.val_end, ci, &vs, &ve)) > 0)
+            if (walk_feature(c, w, self, ci, vs, ve) || w.step(self, c, ci)) return -1;
+        if (rc < 0) return -1;
+    }
+    return rc;
+}
+
+/* Walks the records rs of record type rtype: RT_OK, or the failure's status with e saying where. */
+static RT_FLATTEN rt_status walk_records(const rt_records *rs, int rtype, rt_error *e, const Walker w, void *self) {
+    Ctx ctx = {.record = -1, .err = e}, *c = &ctx;
+    for (int64_t r = 0; r < rs->count; r++) {
+        const uint8_t *p, *end, *vs, *ve;
+        int section, rc;
+        if (record_begin(c, rs, r, &p, &end)) return e->status;
+        while ((rc = record_map(c, &p, end, rtype, &vs, &ve, &section)) > 0)
+            if (walk_map(c, w, self, vs, ve, section)) return e->status;
+        if (rc < 0 || w.end_record(self, c, rs->count)) return e->status;
+    }
+    return RT_OK;
 }
 
 #endif
