@@ -308,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
 def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
     """``message`` with each fix named as a Python keyword (``allow_float64_narrowing=True``) named
     as the command's flag (``--allow-float64-narrowing``) instead; ``flags`` maps the keywords to
-    the flags. A message that already names both (``allow_float64_narrowing=True (CLI:
-    --allow-float64-narrowing)``) keeps the flag alone."""
+    the flags. The library's messages name the keyword only, so the CLI alone knows its flags."""
     for keyword, flag in flags.items():
-        message = message.replace(f"{keyword}=True (CLI: {flag})", flag).replace(f"{keyword}=True", flag)
+        message = message.replace(f"{keyword}=True", flag)
     # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
     # ignore_missing_paths=True to skip it" for a glob that matches nothing.
     return re.sub(r", or pass \w+=True to [^;]*", "", message)
