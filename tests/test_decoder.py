@@ -16,7 +16,7 @@ import pytest
 import ray_tfrecord
 from ray_tfrecord.core import codec
 from ray_tfrecord.core.errors import DecodeError, SchemaError
-from ray_tfrecord.core.framing import iter_chunks
+from ray_tfrecord.core.framing import RecordChunk, iter_chunks
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("s", pa.binary()), ("ids", pa.list_(pa.int64())),
                     ("e", pa.list_(pa.float32(), 3)), ("n", pa.list_(pa.null()))])
@@ -220,3 +220,17 @@ def test_a_forked_child_counts_only_the_buffers_it_holds():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_byte_array_errors_name_the_file_and_offset():
+    buf = np.zeros(1 << 20, np.uint8)
+    # 2,100 records of ~1 MiB (all over the same bytes): more than one binary column holds
+    huge = RecordChunk(buf, np.zeros(2100, np.int64), np.full(2100, (1 << 20) - 16, np.int64), 4096, "big.tfrecord")
+    with pytest.raises(DecodeError) as e:
+        codec.Decoder(codec.BYTE_ARRAY_SCHEMA, "ByteArray").decode(huge)
+    assert (e.value.path, e.value.offset, e.value.column) == ("big.tfrecord", None, None)
+    assert e.value.reason == "records exceed 2 GiB in one batch; read smaller chunks"
+    outside = RecordChunk(buf, np.array([0, 1 << 20], np.int64), np.array([4, 4], np.int64), 4096, "bad.tfrecord")
+    with pytest.raises(DecodeError, match="record span lies outside the buffer") as e:
+        codec.decode(outside, codec.BYTE_ARRAY_SCHEMA, "ByteArray")
+    assert (e.value.path, e.value.offset) == ("bad.tfrecord", outside.offset(1))
