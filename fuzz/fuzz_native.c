@@ -756,6 +756,8 @@ static int fuzz_encode(const uint8_t *data, size_t size) {
 /* pool: each 3 bytes an operation on up to 16 live buffers: byte 0 picks the slot (bits 0-3),   */
 /* and takes a buffer of 128 KiB to 8 MiB (bytes 1-2) into an empty one or gives a full one      */
 /* back; bit 7 does it on a new thread, which ends right after (its cache goes to the shared one). */
+/* At the end a thread that never allocates drops every live buffer and, while it is still alive,  */
+/* another thread takes each one the pool kept back: none may be stranded in the dropper's slots.  */
 
 typedef struct {
     uint8_t **p;
@@ -785,8 +787,51 @@ static void *pool_thread(void *op) {
     return NULL;
 }
 
+enum { POOL_LIVE = 16 };
+
+typedef struct {
+    uint8_t **p;
+    size_t *cap, kept[POOL_LIVE];
+    int nkept;
+} PoolDrop;
+
+/* Takes back the buffers the dropper's frees kept, largest first, so that each finds one. */
+static void *pool_take_back(void *arg) {
+    PoolDrop *d = arg;
+    for (int i = 1; i < d->nkept; i++)
+        for (int j = i; j > 0 && d->kept[j] > d->kept[j - 1]; j--) {
+            size_t t = d->kept[j];
+            d->kept[j] = d->kept[j - 1];
+            d->kept[j - 1] = t;
+        }
+    void *got[POOL_LIVE];
+    size_t cap[POOL_LIVE];
+    for (int i = 0; i < d->nkept; i++) {
+        size_t held = rt_pool_held();
+        got[i] = rt_pool_alloc(d->kept[i], &cap[i]);
+        CHECK(got[i] && cap[i] >= d->kept[i] && rt_pool_held() < held); /* recycled, not malloc'd */
+    }
+    for (int i = 0; i < d->nkept; i++) rt_pool_free(got[i], cap[i]);
+    return NULL;
+}
+
+/* Drops every live buffer on a thread that never allocated, and takes the kept ones back on another. */
+static void *pool_drop_all(void *arg) {
+    PoolDrop *d = arg;
+    for (int s = 0; s < POOL_LIVE; s++) {
+        if (!d->p[s]) continue;
+        size_t held = rt_pool_held();
+        rt_pool_free(d->p[s], d->cap[s]);
+        if (rt_pool_held() == held + d->cap[s]) d->kept[d->nkept++] = d->cap[s];
+    }
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, pool_take_back, d) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    return NULL;
+}
+
 static int fuzz_pool(const uint8_t *data, size_t size) {
-    enum { LIVE = 16 };
+    enum { LIVE = POOL_LIVE };
     uint8_t *p[LIVE] = {0};
     size_t cap[LIVE] = {0};
     for (size_t i = 0; i + 3 <= size; i += 3) {
@@ -801,7 +846,10 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
         }
         CHECK(rt_pool_held() <= RT_POOL_BYTES);
     }
-    for (int s = 0; s < LIVE; s++) rt_pool_free(p[s], cap[s]);
+    PoolDrop d = {p, cap, {0}, 0};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, pool_drop_all, &d) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
     CHECK(rt_pool_held() <= RT_POOL_BYTES);
     return 0;
 }

@@ -13,6 +13,7 @@ from ray_tfrecord.core import _native
 from ray_tfrecord.core._contract import (
     DecodeSpec,
     EncodeColumn,
+    EncodeSpec,
     Kind,
     RecordTypeCode,
     Section,
@@ -106,3 +107,34 @@ def test_frame_sizes_come_from_the_extension():
     assert _native.FRAME == {"LENGTH_BYTES": 8, "HEADER_BYTES": 12, "FOOTER_BYTES": 4}
     assert (framing.LENGTH_BYTES, framing.HEADER_BYTES, framing.FOOTER_BYTES) == (8, 12, 4)
     assert framing.FRAME_OVERHEAD == 16
+
+
+class _Export:
+    """An object whose __arrow_c_array__ hands out one fixed pair of capsules."""
+
+    def __init__(self, arr: pa.Array) -> None:
+        self.capsules = arr.__arrow_c_array__()
+
+    def __arrow_c_array__(self, requested_schema=None):
+        return self.capsules
+
+
+def test_the_native_encoder_refuses_struct_arrays_it_would_misread():
+    encoder = _native.Encoder([EncodeSpec(b"x", Kind.INT64, Shape.SCALAR, 0)], RecordTypeCode.EXAMPLE)
+    rows = pa.StructArray.from_arrays([pa.array([1, 2, 3])], ["x"])
+    assert len(encoder.encode(rows, 3, [None]).offsets) == 3 * 8
+    refusals = [
+        (rows.slice(1), "offset 1 and null count 0; the encoder reads record batches"),
+        (pa.StructArray.from_arrays([pa.array([1, 2, 3])], ["x"], mask=pa.array([False, True, False])),
+         "offset 0 and null count 1; the encoder reads record batches"),
+    ]
+    for arr, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            encoder.encode(arr, len(arr), [None])
+    used = _Export(rows)
+    pa.array(used)  # pyarrow moves the array out of the capsule: its release is NULL from then on
+    with pytest.raises(ValueError, match="^the batch's Arrow export was already released"):
+        encoder.encode(used, 3, [None])
+    floats = pa.StructArray.from_arrays([pa.array([1.0], pa.float32())], ["x"])
+    with pytest.raises(ValueError, match="^column 'x': invalid column spec: its Arrow array does not have the layout"):
+        encoder.encode(floats, 1, [None])

@@ -16,7 +16,7 @@ import pytest
 import ray_tfrecord
 from ray_tfrecord.core import codec
 from ray_tfrecord.core.errors import DecodeError, SchemaError
-from ray_tfrecord.core.framing import iter_chunks
+from ray_tfrecord.core.framing import RecordChunk, iter_chunks
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("s", pa.binary()), ("ids", pa.list_(pa.int64())),
                     ("e", pa.list_(pa.float32(), 3)), ("n", pa.list_(pa.null()))])
@@ -149,3 +149,88 @@ def test_encoder_is_built_once_and_refuses_another_schema():
         encoder.encode(t.select(["id"]))
     with pytest.raises(SchemaError, match="column 'm'"):
         codec.Encoder(pa.schema([("m", pa.map_(pa.string(), pa.int64()))]))
+
+
+def test_buffers_dropped_on_a_thread_that_only_uses_batches_go_back_to_the_decoder_thread():
+    # The README's pattern: a decoder thread decodes, the main thread uses and drops the batches. The
+    # main thread's frees must reach the decoder thread, else they are stranded in the main thread's
+    # own slots (counted against the pool's bound, so recycling stops and every decode faults in
+    # fresh pages). The main thread encodes first, as a writer would: it allocated too.
+    script = textwrap.dedent("""
+        import io
+        from concurrent.futures import ThreadPoolExecutor
+        import pyarrow as pa
+        from ray_tfrecord.core import _native, codec
+        from ray_tfrecord.core.framing import iter_chunks
+
+        t = pa.table({"s": pa.array([bytes([65 + k % 26]) * 100_000 for k in range(400)], pa.binary())})  # 40 MB
+        (chunk,) = iter_chunks(io.BytesIO(bytes(codec.encode(t.to_batches()[0]).data)), path="m",
+                               chunk_bytes=1 << 30)
+        decoder = codec.Decoder(t.schema)
+        taken = []
+        with ThreadPoolExecutor(1) as worker:
+            for _ in range(12):
+                before = _native.pool_held()
+                batch = worker.submit(decoder.decode, chunk).result()
+                taken.append(_native.pool_held() < before)  # the decode took its buffer from the pool
+                del batch  # on the main thread
+        assert all(taken[-6:]), taken
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_forked_child_counts_only_the_buffers_it_holds():
+    # The worker keeps the one pooled buffer in its own slots; the child has no such thread, so its
+    # pool holds nothing (counting the worker's bytes would shrink the child's pool for good).
+    script = textwrap.dedent("""
+        import io, os, threading
+        import pyarrow as pa
+        from ray_tfrecord.core import _native, codec
+        from ray_tfrecord.core.framing import iter_chunks
+
+        t = pa.table({"p": pa.FixedSizeListArray.from_arrays(pa.array([0] * 100 * 784, pa.int64()), 784)})
+        (chunk,) = iter_chunks(io.BytesIO(bytes(codec.encode(t.to_batches()[0]).data)), path="m")
+        assert _native.pool_held() == 0  # the 80 KB of records are too small for the pool
+        decoded, done = threading.Event(), threading.Event()
+
+        def work():
+            batch = codec.Decoder(t.schema).decode(chunk)
+            del batch  # 627 KB of values into this thread's slots
+            decoded.set()
+            done.wait()
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        decoded.wait()
+        assert _native.pool_held() > 0
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, str(_native.pool_held()).encode())
+            os._exit(0)
+        os.close(w)
+        child = int(os.read(r, 64))
+        os.waitpid(pid, 0)
+        done.set()
+        worker.join()
+        assert child == 0, child
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_byte_array_errors_name_the_file_and_offset():
+    buf = np.zeros(1 << 20, np.uint8)
+    # 2,100 records of ~1 MiB (all over the same bytes): more than one binary column holds
+    huge = RecordChunk(buf, np.zeros(2100, np.int64), np.full(2100, (1 << 20) - 16, np.int64), 4096, "big.tfrecord")
+    with pytest.raises(DecodeError) as e:
+        codec.Decoder(codec.BYTE_ARRAY_SCHEMA, "ByteArray").decode(huge)
+    assert (e.value.path, e.value.offset, e.value.column) == ("big.tfrecord", None, None)
+    assert e.value.reason == "records exceed 2 GiB in one batch; read smaller chunks"
+    outside = RecordChunk(buf, np.array([0, 1 << 20], np.int64), np.array([4, 4], np.int64), 4096, "bad.tfrecord")
+    with pytest.raises(DecodeError, match="record span lies outside the buffer") as e:
+        codec.decode(outside, codec.BYTE_ARRAY_SCHEMA, "ByteArray")
+    assert (e.value.path, e.value.offset) == ("bad.tfrecord", outside.offset(1))

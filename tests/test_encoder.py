@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import ray_tfrecord
 from ray_tfrecord.core import _native, codec
 from ray_tfrecord.core._columns import Narrowing, encode_column
 from ray_tfrecord.core._contract import RecordTypeCode
@@ -82,6 +83,23 @@ def test_a_null_inside_a_list_is_refused_in_column_order():
         codec.encode(pa.table({"v": nulls, "d": inexact}))
     with pytest.raises(TFRecordError, match="^column 'd': float64 value 0.1"):
         codec.encode(pa.table({"d": inexact, "v": nulls}))
+
+
+@pytest.mark.parametrize("leaf", [pa.int64(), pa.int32()])  # read in place / converted in Python
+def test_a_null_inside_a_valid_fixed_size_list_row_is_refused(leaf):
+    fixed = pa.list_(leaf, 2)
+    message = ("null list element at element {}; TFRecord lists cannot hold nulls (a null row is written as a "
+               "missing feature)")
+    for arr, element in [(pa.array([[1, None], [3, 4]], fixed), 1),
+                         (pa.array([[1, 2], [3, 4], [5, None]], fixed).slice(1), 5)]:  # elements of the whole child
+        with pytest.raises(TFRecordError) as e:
+            ray_tfrecord.encode(pa.table({"v": arr}))
+        assert e.value.column == "v" and e.value.reason == message.format(element)
+    # a null row's slots are not written, so what they hold (a null too) does not matter
+    arr = pa.FixedSizeListArray.from_arrays(pa.array([1, 2, None, 4], leaf), 2, mask=pa.array([False, True]))
+    enc = ray_tfrecord.encode(pa.table({"v": arr}))
+    (chunk,) = iter_chunks(io.BytesIO(bytes(enc.data)), path="m")
+    assert codec.decode(chunk, pa.schema([("v", fixed)])).column("v").to_pylist() == [[1, 2], None]
 
 
 def test_a_float64_column_of_nulls_only_is_encodable():

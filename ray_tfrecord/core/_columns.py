@@ -93,6 +93,19 @@ def _no_nulls_between(arr: pa.Array, lo: int, hi: int, column: str, what: str) -
         raise null_in_list(what, lo + first_true(part.is_null()), column)
 
 
+def _no_nulls_in_valid_rows(arr: pa.FixedSizeListArray, leaf: pa.Array, n: int, column: str) -> None:
+    """A fixed-size list's null row is written as a missing feature, whatever its slots hold; a
+    valid row's elements are written, and a null among them has no TFRecord form."""
+    lo = arr.offset * n
+    part = leaf.slice(lo, len(arr) * n)
+    if not part.null_count:
+        return
+    bad = part.is_null().to_numpy(zero_copy_only=False).reshape(len(arr), n)
+    bad &= arr.is_valid().to_numpy(zero_copy_only=False)[:, None]
+    if bad.any():
+        raise null_in_list("list element", lo + int(np.flatnonzero(bad)[0]), column)
+
+
 def _row_of(*levels: np.ndarray) -> Callable[[int], int]:
     """Maps an element of a list column's leaf values to its row; ``levels``: the offsets from the
     rows down, as the encoder has them."""
@@ -117,6 +130,7 @@ def encode_column(f: pa.Field, arr: pa.Array, spec: tuple[Kind, Shape, int], nar
         rowoff = arr.offset * n + np.arange(len(arr) + 1, dtype=np.int64) * n
         row_of = _row_of(rowoff)
         shape = Shape.LIST
+        _no_nulls_in_valid_rows(arr, leaf, n, f.name)
     else:
         rowoff = _offsets(arr)
         leaf = arr.values

@@ -122,7 +122,10 @@ class Decoder:
         if self._native is None:
             if len(self.schema) == 0:
                 return pa.RecordBatch.from_struct_array(pa.array([{}] * nrows, type=pa.struct([])))
-            raw = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
+            try:
+                raw = _native.byte_array(chunk.buffer, chunk.positions, chunk.lengths)
+            except _native.CodecError as e:
+                raise _decode_error(e, chunk, self._types) from None
             arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(raw.offsets), pa.py_buffer(raw.data)])
             return pa.RecordBatch.from_arrays([cast(arr, f, chunk) for f in self.schema], schema=self.schema)
         try:
@@ -161,7 +164,7 @@ def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict[str, pa
         shape = "a scalar column" if scalar else f"a {spec or 'fixed-size'} column"
         values = f"{expected} value{'s' if expected != 1 else ''}"
         msg = f"{shape} needs exactly {values} but the record{stream} holds {actual}"
-    elif status in (Status.BYTES_TOO_LARGE, Status.TOO_MANY_VALUES):
+    elif status in (Status.BYTES_TOO_LARGE, Status.TOO_MANY_VALUES, Status.RECORDS_TOO_LARGE):
         msg = f"{e}; read smaller chunks"
     else:
         msg = str(e)

@@ -273,6 +273,13 @@ RT_API rt_status rt_arrow_ecol(const struct ArrowArray *a, const struct ArrowSch
         owned[0].len = (size_t)(nrows + 1) * 8;
         c->rowoff = (Mem){owned[0].p, owned[0].len};
         c->has_rowoff = 1;
+        /* A null row is written as a missing feature, whatever its slots hold; a valid row's
+         * elements are written, and a null among them has no TFRecord form. */
+        int child_nulls = is_format(cs, "n") || (child->n_buffers && child->buffers[0] && child->null_count != 0);
+        for (int64_t i = 0; child_nulls && i < nrows; i++)
+            if (arrow_valid(a, i) &&
+                (st = no_nulls(child, cs, w[i], w[i + 1], RT_NULL_LIST_ELEMENT, e)) != RT_OK)
+                return st;
         return leaf_read(child, cs, kind, c, &owned[2]);
     }
     if (!is_list(s)) return RT_BAD_SPEC;

@@ -792,8 +792,22 @@ static int batch_import(PyObject *t, Py_ssize_t ncols, long long nrows, struct A
     *s = PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 0), "arrow_schema");
     *a = *s ? PyCapsule_GetPointer(PyTuple_GET_ITEM(t, 1), "arrow_array") : NULL;
     if (!*a) return -1;
+    if (!(*s)->release || !(*a)->release) {
+        PyErr_SetString(PyExc_ValueError, "the batch's Arrow export was already released (moved or consumed)");
+        return -1;
+    }
     if (strcmp((*s)->format, "+s") || (*s)->n_children != ncols || (*a)->n_children != ncols || (*a)->length < nrows) {
         PyErr_SetString(PyExc_ValueError, "the batch does not have the encoder's columns");
+        return -1;
+    }
+    /* The columns are read from row 0 of each child and every row is written: a struct's own
+     * offset or null rows would be ignored, which a record batch never has (null_count may be -1,
+     * unknown: without a bitmap there are still no nulls). */
+    if ((*a)->offset != 0 || ((*a)->null_count != 0 && (*a)->n_buffers > 0 && (*a)->buffers[0])) {
+        PyErr_Format(PyExc_ValueError,
+                     "the batch's Arrow struct array has offset %lld and null count %lld; the encoder reads "
+                     "record batches (offset 0, no null rows)",
+                     (long long)(*a)->offset, (long long)(*a)->null_count);
         return -1;
     }
     return 0;
@@ -849,6 +863,15 @@ static PyObject *encoder_encode(EncoderObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (st == RT_NULL_INNER_LIST || st == RT_NULL_LIST_ELEMENT) {
         raise_column_error(&e, PyList_GET_ITEM(self->names, e.col));
+        goto done;
+    }
+    if (st == RT_BAD_SPEC && e.col >= 0) {
+        PyObject *name = PyList_GET_ITEM(self->names, e.col),
+                 *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), "replace");
+        if (text)
+            PyErr_Format(PyExc_ValueError, "column %R: %s: its Arrow array does not have the layout of the "
+                         "encoder's type for it", text, rt_status_message(st));
+        Py_XDECREF(text);
         goto done;
     }
     if (st != RT_OK) {

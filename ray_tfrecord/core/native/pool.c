@@ -19,7 +19,12 @@
  * without a lock, then the shared ones behind a mutex (a thread that waits sleeps, unlike the spin
  * lock this replaced, which burnt the CPU of a core that a decode could use). A buffer goes back
  * to the cache of the thread that frees it, wherever it was allocated (Arrow's release callbacks
- * run wherever Python drops an array); a thread's slots move to the shared ones when it exits.
+ * run wherever Python drops an array), but only while that thread also allocates: no other thread
+ * takes from its slots, so a thread that frees and does not allocate (the main thread that uses and
+ * drops the batches that decoder threads make) would strand them there, counted against the bound,
+ * and turn recycling off. Such a thread, one that never allocated or has freed more buffers since
+ * it last allocated than its slots hold, puts buffers into the shared slots, and moves its own
+ * there. A thread's slots also move to the shared ones when it exits.
  */
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE /* madvise and sysconf under -std=c11, when compiled alone (the fuzz harness) */
@@ -49,6 +54,9 @@ static pthread_key_t pool_key;
 static int pool_key_ok;
 /* This thread's slots (the first RT_POOL_LOCAL of a Slots), allocated on first use. */
 static _Thread_local Slots *pool_mine;
+/* Buffers this thread freed since it last allocated one; a thread that never allocated counts as
+ * having freed its slots' worth, so that its first frees already go to the shared slots. */
+static _Thread_local size_t pool_frees = RT_POOL_LOCAL;
 
 /* Sizes round up to one of eight steps per power of two, so that the next chunk's slightly
  * different estimate still fits a cached buffer. */
@@ -100,12 +108,19 @@ static void shared_put(void *p, size_t cap) {
     }
 }
 
-/* At a thread's exit: its slots to the shared ones. */
-static void mine_drain(void *arg) {
-    Slots *s = arg;
+/* A thread's slots to the shared ones. */
+static void slots_drain(Slots *s) {
     for (int i = 0; i < RT_POOL_LOCAL; i++)
-        if (s->p[i]) shared_put(s->p[i], s->cap[i]);
-    free(s);
+        if (s->p[i]) {
+            shared_put(s->p[i], s->cap[i]);
+            s->p[i] = NULL;
+        }
+}
+
+/* At a thread's exit. */
+static void mine_drain(void *arg) {
+    slots_drain(arg);
+    free(arg);
     pool_mine = NULL;
 }
 
@@ -113,9 +128,26 @@ static void mine_drain(void *arg) {
 static void lock_for_fork(void) { pthread_mutex_lock(&pool_lock); }
 static void unlock_after_fork(void) { pthread_mutex_unlock(&pool_lock); }
 
+static size_t slots_bytes(const Slots *s, int n) {
+    size_t sum = 0;
+    for (int i = 0; i < n; i++)
+        if (s->p[i]) sum += s->cap[i];
+    return sum;
+}
+
+/* The child has only the forking thread: the other threads' slots are gone from it (their memory
+ * unreachable), so what it holds is the shared slots and its own; counting the rest would shrink
+ * its pool for good. */
+static void child_after_fork(void) {
+    size_t held = slots_bytes(&pool_shared, RT_POOL_SLOTS);
+    if (pool_mine) held += slots_bytes(pool_mine, RT_POOL_LOCAL);
+    atomic_store(&pool_held, held);
+    pthread_mutex_unlock(&pool_lock);
+}
+
 static void pool_init(void) {
     pool_key_ok = pthread_key_create(&pool_key, mine_drain) == 0;
-    pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+    pthread_atfork(lock_for_fork, unlock_after_fork, child_after_fork);
 }
 
 /* This thread's slots, or NULL when it cannot have any (then only the shared ones are used). */
@@ -137,6 +169,7 @@ RT_API void *rt_pool_alloc(size_t want, size_t *cap) {
         return malloc(want);
     }
     size_t size = size_class(want);
+    pool_frees = 0;
     Slots *s = mine();
     void *p = s ? slots_take(s, RT_POOL_LOCAL, size, cap) : NULL;
     if (!p) p = shared_take(size, cap);
@@ -151,6 +184,9 @@ RT_API void rt_pool_free(void *p, size_t cap) {
         free(p);
         return;
     }
+    int keep = pool_frees < RT_POOL_LOCAL; /* whether this thread's own slots still get taken from */
+    if (keep) pool_frees++;
+    else if (pool_mine) slots_drain(pool_mine);
     size_t held = atomic_fetch_add(&pool_held, cap);
     if (held + cap > RT_POOL_BYTES) {
         atomic_fetch_sub(&pool_held, cap);
@@ -167,7 +203,7 @@ RT_API void rt_pool_free(void *p, size_t cap) {
         if (end > start) madvise((void *)start, end - start, MADV_FREE);
     }
 #endif
-    Slots *s = mine();
+    Slots *s = keep ? mine() : NULL;
     if (!s || slots_put(s, RT_POOL_LOCAL, p, cap)) shared_put(p, cap);
 }
 
