@@ -171,11 +171,40 @@ def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict[str, pa
     return DecodeError(msg, path=chunk.path, offset=offset, column=name)
 
 
+class _SchemaKey:
+    """A schema as a cache key where pyarrow cannot hash it (before 19: a schema or field with
+    metadata); equal exactly when the schemas are, metadata included."""
+
+    __slots__ = ("schema", "_serialized")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._serialized = schema.serialize().to_pybytes()
+
+    def __hash__(self) -> int:
+        return hash(self._serialized)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SchemaKey) and self._serialized == other._serialized
+
+
+def _schema_key(schema: pa.Schema) -> pa.Schema | _SchemaKey:
+    try:
+        hash(schema)
+    except TypeError:
+        return _SchemaKey(schema)
+    return schema
+
+
+def _schema_of(key: pa.Schema | _SchemaKey) -> pa.Schema:
+    return key.schema if isinstance(key, _SchemaKey) else key
+
+
 @functools.lru_cache(maxsize=64)
-def _decoder(schema: pa.Schema, record_type: RecordType) -> Decoder:
+def _decoder(key: pa.Schema | _SchemaKey, record_type: RecordType) -> Decoder:
     """One decoder per schema: a read decodes every chunk of every file with one schema, and
     planning it per chunk was a third of the time of a read task over 10,000 small files."""
-    return Decoder(schema, record_type)
+    return Decoder(_schema_of(key), record_type)
 
 
 def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Example") -> pa.RecordBatch:
@@ -185,7 +214,7 @@ def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Exa
     is malformed or a feature does not fit its column. A :class:`Decoder` kept for the schema does
     the same without looking one up per chunk.
     """
-    decoder = _decoder(schema, record_type)
+    decoder = _decoder(_schema_key(schema), record_type)
     if decoder.schema is not schema and not decoder.schema.equals(schema, check_metadata=True):
         # Schemas that differ only in field metadata are equal, and hash alike, to the cache.
         decoder = Decoder(schema, record_type)
@@ -363,9 +392,9 @@ class Encoder:
 
 
 @functools.lru_cache(maxsize=64)
-def _encoder(schema: pa.Schema, record_type: RecordType, allow_float64_narrowing: bool,
+def _encoder(key: pa.Schema | _SchemaKey, record_type: RecordType, allow_float64_narrowing: bool,
              allow_decimal_narrowing: bool) -> Encoder:
-    return Encoder(schema, record_type, allow_float64_narrowing=allow_float64_narrowing,
+    return Encoder(_schema_of(key), record_type, allow_float64_narrowing=allow_float64_narrowing,
                    allow_decimal_narrowing=allow_decimal_narrowing)
 
 
@@ -373,4 +402,5 @@ def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example"
            allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
     """Encode every row of ``batch`` as one framed record (CRCs included), as an :class:`Encoder`
     for its schema does (one is kept per schema)."""
-    return _encoder(batch.schema, record_type, allow_float64_narrowing, allow_decimal_narrowing).encode(batch)
+    encoder = _encoder(_schema_key(batch.schema), record_type, allow_float64_narrowing, allow_decimal_narrowing)
+    return encoder.encode(batch)
