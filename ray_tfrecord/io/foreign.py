@@ -58,7 +58,9 @@ STAGING = (
     Rule(re.compile(r"\.hive-staging.*"), "Hive"),
     Rule(re.compile(r"beam-temp-.*"), "Apache Beam"),
     Rule(re.compile(r"\.temp-beam.*"), "Apache Beam (Java)"),
-    Rule(re.compile(r"incomplete\..*"), "TensorFlow Datasets"),
+    # A build's directory, and a file being written (tensorflow_datasets/core/utils: file_utils,
+    # py_utils; INCOMPLETE_PREFIX).
+    Rule(re.compile(r"incomplete\.([A-Z0-9]{6}_.+|[0-9a-f]{32}\..+)"), "TensorFlow Datasets"),
 )
 
 #: Sidecars by name. Their content is checked too (:func:`is_sidecar`).
