@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ray_tfrecord import NotTFRecordError, read_tfrecords
+from ray_tfrecord import NotTFRecordError, TFRecordError, read_tfrecords
 from ray_tfrecord.io.foreign import is_sidecar
 from ray_tfrecord.io.listing import list_files
 
@@ -67,14 +67,17 @@ def test_beam_retried_run_reads_each_row_once_and_warns_of_the_failed_run(ray_lo
     every_file = [p for p in (FIXTURES / "beam").rglob("*") if p.is_file()]
     # The failed run's temporary shards are valid records: read along, they duplicate every row.
     assert sum(1 for _ in tf.data.TFRecordDataset([str(p) for p in every_file])) == 2 * EXPECTED["beam"]["rows"]
-    with pytest.warns(UserWarning, match=r"skipped 3 file\(s\) of unfinished or failed jobs: .*/beam/"
-                                         r"beam-temp-part-[0-9a-f]+ \(Apache Beam\); they hold another attempt's "
-                                         "records, which would duplicate rows"):
+    warning = (r"skipped the staging output of unfinished or failed jobs: .*/beam/beam-temp-part-[0-9a-f]+ "
+               r"\(Apache Beam\); it holds another attempt's records, which would duplicate rows")
+    with pytest.warns(UserWarning, match=warning):
         read_and_compare("beam")
+    # A glob's wildcard matches the staging directory's name; it is skipped all the same.
+    with pytest.warns(UserWarning, match=warning):
+        assert read_tfrecords(str(FIXTURES / "beam" / "*")).count() == EXPECTED["beam"]["rows"]
 
 
 def test_spark_directory_skips_the_crc_files_success_and_a_leftover_attempt(ray_local):
-    with pytest.warns(UserWarning, match=r"skipped 1 file\(s\) .*/spark/_temporary \(Hadoop/Spark"):
+    with pytest.warns(UserWarning, match=r"skipped the staging output .*/spark/_temporary \(Hadoop/Spark"):
         read_and_compare("spark")
 
 
@@ -93,6 +96,19 @@ def test_tfds_dataset_reads_its_shards_with_their_split(ray_local, caplog):
     # A glob naming one split reads it alone, its column still there.
     train = read_tfrecords(str(FIXTURES / "tfds" / "*-train.tfrecord-*"))
     assert train.count() == 200 and set(train.unique("split")) == {"train"}
+
+
+def test_several_versions_of_a_tfds_dataset_stop_the_read(tmp_path):
+    for version in ("1.0.0", "1.0.10", "1.0.2"):
+        shutil.copytree(FIXTURES / "tfds", tmp_path / "toy_writers" / version)
+    with pytest.raises(TFRecordError) as info:
+        list_files(str(tmp_path))
+    assert str(info.value) == (f"{tmp_path}: holds 3 versions of the TFDS dataset {tmp_path}/toy_writers (1.0.0, "
+                               f"1.0.2, 1.0.10), each with every row; read one, such as "
+                               f"'{tmp_path}/toy_writers/1.0.10'")
+    assert len(list_files(str(tmp_path / "toy_writers" / "1.0.10")).files) == 2
+    # Named one by one, they are read as asked.
+    assert len(list_files([str(tmp_path / "toy_writers" / v) for v in ("1.0.0", "1.0.2")]).files) == 4
 
 
 def test_an_unknown_file_stops_the_read_naming_it_and_the_fix(tmp_path):

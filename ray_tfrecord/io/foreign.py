@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import pyarrow.fs as pafs
 
-from ray_tfrecord.core.errors import NotTFRecordError
+from ray_tfrecord.core.errors import NotTFRecordError, TFRecordError
 from ray_tfrecord.core.framing import HEADER_BYTES, detect_compression, masked_crc32c
 from ray_tfrecord.core.layout import STAGING_DIR
 
@@ -84,6 +84,7 @@ _READ_THREADS = 16
 # TFDS shard names: "{dataset}-{split}.{file format}-{shard:05d}-of-{num_shards:05d}".
 _TFDS_SHARD = re.compile(r"[^-/]+-(?P<split>\w+)\.\w+-\d{5}-of-\d{5}")
 _TFDS_INFO = "dataset_info.json"
+_VERSION = re.compile(r"\d+\.\d+\.\d+")  # a TFDS dataset's version directory
 
 
 def staging_tool(relative_path: str) -> tuple[str, str] | None:
@@ -97,17 +98,17 @@ def staging_tool(relative_path: str) -> tuple[str, str] | None:
     return None
 
 
-def warn_staging(skipped: dict[str, str], files: int) -> None:
+def warn_staging(skipped: dict[str, str]) -> None:
     """One warning for the staging output a read left out: ``skipped`` maps each staging path to
-    its tool; ``files`` is how many files they held."""
+    its tool."""
     if not skipped:
         return
     shown = ", ".join(f"{path} ({tool})" for path, tool in list(skipped.items())[:3])
     more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
     warnings.warn(
-        f"skipped {files} file(s) of unfinished or failed jobs: {shown}{more}; they hold another "
-        "attempt's records, which would duplicate rows. Remove them, or read one by its own path "
-        "if it is the data you want.", UserWarning, stacklevel=5)  # the caller of read_tfrecords
+        f"skipped the staging output of unfinished or failed jobs: {shown}{more}; it holds another "
+        "attempt's records, which would duplicate rows. Remove it, or read it by its own path if it "
+        "is the data you want.", UserWarning, stacklevel=5)  # the caller of read_tfrecords
 
 
 def sidecar_kind(name: str) -> str | None:
@@ -173,14 +174,28 @@ def screen(paths: list[str], fs: pafs.FileSystem, kept: list[str]) -> set[str]:
     return {p for found in sidecars.values() for p in found}
 
 
-def tfds_splits(paths: list[str], fs: pafs.FileSystem) -> dict[str, str]:
+def tfds_splits(paths: list[str], fs: pafs.FileSystem, roots: list[str]) -> dict[str, str]:
     """The split of each TFDS shard among ``paths``: a file named as TFDS names shards, in a
-    directory holding TFDS's ``dataset_info.json``."""
+    directory holding TFDS's ``dataset_info.json``.
+
+    Raises :class:`TFRecordError` when one of ``roots`` (the paths read) holds several versions
+    of one TFDS dataset (``<dataset>/1.0.0/``, ``<dataset>/1.0.1/``): each holds every row again."""
     shards = {p: m.group("split") for p in paths if (m := _TFDS_SHARD.fullmatch(_name(p)))}
     directories = sorted({posixpath.dirname(p) for p in shards})
     infos = fs.get_file_info([posixpath.join(d, _TFDS_INFO) for d in directories]) if directories else []
-    tfds = {d for d, info in zip(directories, infos) if info.is_file}
-    return {p: split for p, split in shards.items() if posixpath.dirname(p) in tfds}
+    tfds = [d for d, info in zip(directories, infos) if info.is_file]
+    versions: dict[tuple[str, str], list[str]] = {}
+    for d in tfds:
+        parent, name = posixpath.split(d)
+        root = next((r for r in roots if d.startswith(r.rstrip("/") + "/")), None)
+        if root is not None and _VERSION.fullmatch(name):
+            versions.setdefault((root, parent), []).append(name)
+    for (root, parent), found in versions.items():
+        if len(found) > 1:
+            found.sort(key=lambda v: tuple(map(int, v.split("."))))
+            raise TFRecordError(f"holds {len(found)} versions of the TFDS dataset {parent} ({', '.join(found)}), "
+                                f"each with every row; read one, such as '{parent}/{found[-1]}'", path=root)
+    return {p: split for p, split in shards.items() if posixpath.dirname(p) in set(tfds)}
 
 
 def _head(fs: pafs.FileSystem, path: str) -> tuple[bytes, bool]:

@@ -98,7 +98,7 @@ def list_files(
     fs = _compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
-    foreign.warn_staging(seen.staged, seen.staged_files)
+    foreign.warn_staging(seen.staged)
     if not found:
         raise ValueError(
             f"No TFRecord files found under {roots}. Note that names starting "
@@ -127,7 +127,9 @@ def list_files(
     partition_schema, partitions = parse_partitions(
         [_below(f.path, f.root) if below_root else f.path for f in found], partitioning
     )
-    splits = foreign.tfds_splits([f.path for f in found], fs) if partitioning is not None else {}
+    splits = foreign.tfds_splits([f.path for f in found], fs, roots)
+    if partitioning is None:
+        splits = {}
     if splits and _SPLIT not in partition_schema.names:
         partition_schema = partition_schema.append(pa.field(_SPLIT, pa.string()))
         partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
@@ -264,14 +266,12 @@ class _Seen:
         self._directories: set[str] = set()  # listed one level
         self._trees: set[str] = set()  # listed recursively
         self.staged: dict[str, str] = {}  # staging directory or file: the tool that stages there
-        self.staged_files = 0
 
     def staging(self, relative: str, entry: pafs.FileInfo) -> bool:
         """Whether ``entry`` (at ``relative`` below the path read) is staging output; noted if so."""
         found = foreign.staging_tool(relative)
         if found is not None:
             self.staged.setdefault(entry.path[:len(entry.path) - len(relative)] + found[0], found[1])
-            self.staged_files += entry.is_file
         return found is not None
 
     def record(self, directory: str, entries: list[pafs.FileInfo], *, recursive: bool) -> None:
