@@ -39,13 +39,15 @@ from ray_tfrecord.core.errors import NotTFRecordError, TFRecordError
 from ray_tfrecord.core.framing import HEADER_BYTES, detect_compression, masked_crc32c
 from ray_tfrecord.core.layout import STAGING_DIR
 
-__all__ = ["SIDECARS", "STAGING", "is_sidecar", "screen", "sidecar_kind", "staging_tool", "tfds_splits",
-           "warn_staging"]
+__all__ = ["SIDECARS", "STAGING", "Rule", "is_sidecar", "looks_like_tfrecord", "screen", "sidecar_kind",
+           "staging_tool", "tfds_splits", "warn_staging"]
 
 logger = logging.getLogger(__name__)
 
 
 class Rule(NamedTuple):
+    """A name other writers give, and which tool it is."""
+
     pattern: re.Pattern[str]  # matched against one path component's full name
     tool: str
 
