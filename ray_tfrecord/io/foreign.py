@@ -55,11 +55,11 @@ class Rule(NamedTuple):
 #: Directories (and files) a job stages its output in before it commits; their records are another
 #: attempt's, and a directory read skips them with a warning. README "Reading" mirrors this table.
 STAGING = (
-    Rule(re.compile(re.escape(STAGING_DIR)), "Hadoop/Spark (FileOutputCommitter), or write_tfrecords"),
-    Rule(re.compile(r"\.spark-staging-.*"), "Spark (dynamic partition overwrite)"),
+    Rule(re.compile(re.escape(STAGING_DIR)), "Hadoop/Spark FileOutputCommitter or write_tfrecords"),
+    Rule(re.compile(r"\.spark-staging-.*"), "Spark dynamic partition overwrite"),
     Rule(re.compile(r"\.hive-staging.*"), "Hive"),
     Rule(re.compile(r"beam-temp-.*"), "Apache Beam"),
-    Rule(re.compile(r"\.temp-beam.*"), "Apache Beam (Java)"),
+    Rule(re.compile(r"\.temp-beam.*"), "Apache Beam Java SDK"),
     # A build's directory, and a file being written (tensorflow_datasets/core/utils: file_utils,
     # py_utils; INCOMPLETE_PREFIX).
     Rule(re.compile(r"incomplete\.([A-Z0-9]{6}_.+|[0-9a-f]{32}\..+)"), "TensorFlow Datasets"),
