@@ -96,6 +96,7 @@ def test_tfds_dataset_reads_its_shards_with_their_split(ray_local, caplog):
     # A glob naming one split reads it alone, its column still there.
     train = read_tfrecords(str(FIXTURES / "tfds" / "*-train.tfrecord-*"))
     assert train.count() == 200 and set(train.unique("split")) == {"train"}
+    assert list_files(str(FIXTURES / "tfds"), partitioning=None).partition_schema.names == []
 
 
 def test_several_versions_of_a_tfds_dataset_stop_the_read(tmp_path):

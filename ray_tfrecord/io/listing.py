@@ -127,10 +127,8 @@ def list_files(
     partition_schema, partitions = parse_partitions(
         [_below(f.path, f.root) if below_root else f.path for f in found], partitioning
     )
-    splits = foreign.tfds_splits([f.path for f in found], fs, roots)
-    if partitioning is None:
-        splits = {}
-    if splits and _SPLIT not in partition_schema.names:
+    splits = foreign.tfds_splits([f.path for f in found], fs, roots)  # raises for several TFDS versions
+    if splits and partitioning is not None and _SPLIT not in partition_schema.names:
         partition_schema = partition_schema.append(pa.field(_SPLIT, pa.string()))
         partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
     files = [DataFile(f.path, f.size, parts, f.has_index) for f, parts in zip(found, partitions)]
