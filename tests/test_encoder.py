@@ -118,3 +118,39 @@ def test_encoder_threads_write_what_one_thread_does():
     alone = [bytes(encoder.encode(b).data) for b in batches]
     with ThreadPoolExecutor(4) as pool:
         assert [bytes(e.data) for e in pool.map(encoder.encode, batches)] == alone
+
+
+@pytest.mark.parametrize("record_type", ["Example", "SequenceExample"])
+def test_a_block_with_an_all_null_column_writes_the_records_one_block_does(record_type):
+    # Arrow types a column that is all null within a block as `null`: its rows must still lack the
+    # feature, as they do in a block where another row gives the column its type.
+    import tensorflow as tf
+
+    rows = [{"id": k, "s": None if k < 3 or k == 5 else b"v%d" % k,
+             "l": None if k < 3 else [k] * (k % 3)} for k in range(8)]
+    whole = pa.Table.from_pylist(rows)
+    blocks = [pa.Table.from_pylist(rows[a:b]) for a, b in ((0, 3), (3, 5), (5, 6), (6, 8))]
+    assert [str(b.schema.field("s").type) for b in blocks] == ["null", "binary", "null", "binary"]
+    one = bytes(codec.encode(whole, record_type).data)
+    assert b"".join(bytes(codec.encode(b, record_type).data) for b in blocks) == one
+
+    (chunk,) = iter_chunks(io.BytesIO(one), path="m")
+    records = [bytes(chunk.record(k)) for k in range(len(rows))]
+    if record_type == "SequenceExample":
+        features = [tf.train.SequenceExample.FromString(r).context.feature for r in records]
+    else:
+        features = [tf.train.Example.FromString(r).features.feature for r in records]
+    assert [sorted(f.keys()) for f in features] == [
+        ["id"] if r["l"] is None else ["id", "l"] if r["s"] is None else ["id", "l", "s"] for r in rows]
+    if record_type == "Example":
+        parsed = tf.io.parse_example(records, {"s": tf.io.VarLenFeature(tf.string),
+                                               "l": tf.io.VarLenFeature(tf.int64)})
+        assert tf.sparse.to_dense(parsed["s"], b"").numpy()[:, :1].ravel().tolist() == [
+            r["s"] or b"" for r in rows]
+        assert tf.sparse.to_dense(parsed["l"]).numpy().sum(axis=1).tolist() == [sum(r["l"] or []) for r in rows]
+
+
+def test_check_encodable_still_refuses_a_null_typed_column():
+    # A dataset's column needs a type; only a block's may be null-typed.
+    with pytest.raises(ray_tfrecord.SchemaError, match="column 'x': type null has no TFRecord representation"):
+        codec.check_encodable(pa.schema([("x", pa.null())]))

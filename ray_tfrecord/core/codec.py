@@ -307,6 +307,12 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
     ``float64`` and decimal columns pass here, since the type alone does not tell (0.5 is exact in
     float32, 0.1 is not): their values are checked when encoded unless narrowing is allowed.
     """
+    _check_columns(schema, record_type, null_typed=False)
+
+
+def _check_columns(schema: pa.Schema, record_type: RecordType, *, null_typed: bool) -> None:
+    """``check_encodable``; ``null_typed``: a ``null``-typed column passes, as in one block of a
+    dataset (its cells are all null, written as missing features; another block types it)."""
     rtype = record_type_code(record_type)
     if rtype == RecordTypeCode.BYTE_ARRAY:
         if len(schema) != 1 or leaf_kind(schema[0].type) != Kind.BYTES:
@@ -317,7 +323,8 @@ def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
         if f.name in seen:
             raise SchemaError("duplicate column name", column=f.name)
         seen.add(f.name)
-        column_spec(f, record_type)
+        if not (null_typed and pa.types.is_null(f.type)):
+            column_spec(f, record_type)
 
 
 class Encoder:
@@ -328,7 +335,10 @@ class Encoder:
     the Arrow C data interface where a column's layout is already the encoder's (int64, float32,
     binary or string values; lists, large lists, fixed-size lists of them); only other columns
     (other widths, float64, decimals, extension types, ...) are converted in Python first. Null
-    cells become missing features. Raises :class:`SchemaError` for a column type with no TFRecord
+    cells become missing features, and so does every cell of a ``null``-typed column (how Arrow types a
+    column that is all null within one block), so the same rows make the same records however they
+    are cut into blocks; :func:`check_encodable` still refuses that type, which a whole dataset's
+    column cannot have. Raises :class:`SchemaError` for a column type with no TFRecord
     form; :meth:`encode` raises :class:`TFRecordError` for values that cannot be written without
     loss: a null inside a list, ``float64`` and decimal values with no exact float32 form, unless
     ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
@@ -342,7 +352,7 @@ class Encoder:
 
     def __init__(self, schema: pa.Schema, record_type: RecordType = "Example", *,
                  allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> None:
-        check_encodable(schema, record_type, allow_float64_narrowing=allow_float64_narrowing)
+        _check_columns(schema, record_type, null_typed=True)
         self.schema = schema
         self.record_type = record_type
         self._rtype = record_type_code(record_type)
@@ -350,10 +360,13 @@ class Encoder:
         self._native: _native.Encoder | None = None
         if self._rtype == RecordTypeCode.BYTE_ARRAY:
             return
-        self._specs = [column_spec(f, record_type) for f in schema]
-        self._native = _native.Encoder([EncodeSpec(f.name.encode(), *spec) for f, spec in zip(schema, self._specs)],
+        # The columns written: a null-typed one has no feature in any record.
+        self._written = [i for i, f in enumerate(schema) if not pa.types.is_null(f.type)]
+        fields = [schema.field(i) for i in self._written]
+        self._specs = [column_spec(f, record_type) for f in fields]
+        self._native = _native.Encoder([EncodeSpec(f.name.encode(), *spec) for f, spec in zip(fields, self._specs)],
                                        self._rtype)
-        readable = [natively_readable(f.type) for f in schema]
+        readable = [natively_readable(f.type) for f in fields]
         self._python = [i for i, ok in enumerate(readable) if not ok]
         self._read = [i for i, ok in enumerate(readable) if ok]
 
@@ -372,12 +385,13 @@ class Encoder:
             cols = [EncodeColumn(name.encode(), Kind.BYTES, Shape.SCALAR, None, 0, None, None, vals, data)]
             enc = _native.encode(self._rtype, batch.num_rows, cols)
         else:
-            enc = self._encode_natively(batch)
+            written = batch if len(self._written) == len(self.schema) else batch.select(self._written)
+            enc = self._encode_natively(written)
         return EncodedRecords(memoryview(enc.data), np.frombuffer(memoryview(enc.offsets), np.int64))
 
     def _encode_natively(self, batch: pa.RecordBatch) -> _native.Encoded:
         assert self._native is not None
-        converted: list[EncodeColumn | None] = [None] * len(self.schema)
+        converted: list[EncodeColumn | None] = [None] * len(self._specs)
         for i in self._python:
             try:
                 converted[i] = self._column(batch, i)
@@ -397,7 +411,7 @@ class Encoder:
             raise null_in_list(what, e.actual, (e.column or b"").decode()) from None
 
     def _column(self, batch: pa.RecordBatch, i: int) -> EncodeColumn:
-        return encode_column(self.schema.field(i), batch.column(i), self._specs[i], self._narrowing)
+        return encode_column(batch.schema.field(i), batch.column(i), self._specs[i], self._narrowing)
 
 
 @functools.lru_cache(maxsize=64)

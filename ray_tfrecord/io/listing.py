@@ -1,10 +1,14 @@
 """Listing a TFRecord dataset: which files, how large, in which partition.
 
-Paths are resolved like every Ray reader's; directories are listed recursively with one
-``FileSelector`` call each and sorted. Files or directories whose name starts with ``.`` or
-``_`` are skipped at any depth (Hadoop convention: ``_SUCCESS``, ``_temporary/``, ``.crc``
-files and this package's ``_index.*`` sidecars). ``partition_filter`` and
-``file_extensions`` are then applied, so a pruned file is never opened.
+Paths (strings or path-like objects) are resolved like every Ray reader's; directories are
+listed recursively with one ``FileSelector`` call each and sorted. Files or directories whose
+name starts with ``.`` or ``_`` are skipped at any depth (Hadoop convention: ``_SUCCESS``,
+``.crc`` files and this package's ``_index.*`` sidecars). What other writers leave in a directory
+is sorted out by :mod:`ray_tfrecord.io.foreign`: another job's staging output (``_temporary/``,
+``beam-temp-*/`` ...) is skipped with a warning, known sidecars (index files, TFDS metadata) are
+left out with a log line, and a file named and shaped like something else stops the listing.
+``partition_filter`` and ``file_extensions`` are then applied, so a pruned file is never
+opened. TFDS shards get a ``split`` partition column.
 
 A path that does not exist as written but holds a glob character is a Hadoop glob
 (:mod:`ray_tfrecord.io.globs`). It is walked from its base directory (the components before the
@@ -25,7 +29,9 @@ Example::
 
 from __future__ import annotations
 
+import os
 import posixpath
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -37,7 +43,7 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord.core.layout import is_hidden
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import _compat, foreign
 from ray_tfrecord.io.globs import Component, Glob, is_glob, parse_glob
 from ray_tfrecord.io.partitioning import PartitionValues, parse_partitions
 
@@ -73,7 +79,7 @@ class Listing:
 
 
 def list_files(
-    paths: str | list[str],
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     filesystem: pafs.FileSystem | None = None,
     file_extensions: list[str] | None = None,
@@ -90,7 +96,9 @@ def list_files(
     """
     given, fs = _resolve(paths, filesystem)
     fs = _compat.retrying_filesystem(fs)
-    found, roots = _expand(given, fs, ignore_missing_paths)
+    seen = _Seen()
+    found, roots = _expand(given, fs, ignore_missing_paths, seen)
+    foreign.warn_staging(seen.staged)
     if not found:
         raise ValueError(
             f"No TFRecord files found under {roots}. Note that names starting "
@@ -108,19 +116,34 @@ def list_files(
         found = [f for f in found if _compat.has_file_extension(f.path, file_extensions)]
         if not found:
             raise ValueError(f"No input files found with the file extensions {file_extensions}.")
+    # Last, so that what the caller's filters leave out is never opened.
+    sidecars = foreign.screen([f.path for f in found if f.listed], fs, [f.path for f in found])
+    if sidecars:
+        found = [f for f in found if f.path not in sidecars]
+        if not found:
+            raise ValueError(f"No TFRecord files found under {roots}, only index or metadata files.")
     # A glob's files are partitioned below its dataset root, unless the caller set a base_dir.
     below_root = partitioning is not None and not partitioning.base_dir
     partition_schema, partitions = parse_partitions(
         [_below(f.path, f.root) if below_root else f.path for f in found], partitioning
     )
+    splits = foreign.tfds_splits([f.path for f in found], fs, roots)  # raises for several TFDS versions
+    if splits and partitioning is not None and _SPLIT not in partition_schema.names:
+        partition_schema = partition_schema.append(pa.field(_SPLIT, pa.string()))
+        partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
     files = [DataFile(f.path, f.size, parts, f.has_index) for f, parts in zip(found, partitions)]
     return Listing(files, partition_schema, fs, roots)
 
 
-def _resolve(paths: str | list[str], filesystem: pafs.FileSystem | None) -> tuple[list[str], pafs.FileSystem]:
+# The partition column of a TFDS shard's split (train, test, ...).
+_SPLIT = "split"
+
+
+def _resolve(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+             filesystem: pafs.FileSystem | None) -> tuple[list[str], pafs.FileSystem]:
     """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
     empty URL query) is dropped, which in a glob is a wildcard."""
-    raw = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    raw = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     resolved, fs = _compat.resolve_paths(raw, filesystem)
     if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
         resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
@@ -132,12 +155,13 @@ class _Found(NamedTuple):
     size: int
     has_index: bool | None
     root: str | None  # the directory the partition values are read below; None: the whole path
+    listed: bool  # found by listing a directory, not named by the caller
 
 
-def _expand(paths: list[str], fs: pafs.FileSystem, ignore_missing: bool) -> tuple[list[_Found], list[str]]:
+def _expand(paths: list[str], fs: pafs.FileSystem, ignore_missing: bool,
+            seen: _Seen) -> tuple[list[_Found], list[str]]:
     """The files each path names, in the order of the paths (sorted within a directory or a
     glob), each once; and the dataset roots."""
-    seen = _Seen()
     found: dict[str, tuple[int, bool, str | None]] = {}  # path: (size, listed, partition root)
     roots: list[str] = []
     for path, info in zip(paths, fs.get_file_info(paths)):
@@ -157,13 +181,13 @@ def _expand(paths: list[str], fs: pafs.FileSystem, ignore_missing: bool) -> tupl
             found.setdefault(path, (info.size, False, None))
         elif info.type == pafs.FileType.Directory:
             roots.append(path)
-            for p, size in _visible_files(path, _list(fs, [path], seen, recursive=True)[0]):
+            for p, size in _visible_files(path, _list(fs, [path], seen, recursive=True)[0], seen):
                 found.setdefault(p, (size, True, None))
         elif not ignore_missing:
             raise FileNotFoundError(f"No such file or directory: {path}")
         else:
             roots.append(path)
-    files = [_Found(p, size, seen.has_index(p) if listed else None, root)
+    files = [_Found(p, size, seen.has_index(p) if listed else None, root, listed)
              for p, (size, listed, root) in found.items()]
     return files, list(dict.fromkeys(roots))
 
@@ -172,10 +196,11 @@ def _glob_files(glob: Glob, fs: pafs.FileSystem, seen: _Seen) -> list[tuple[str,
     """``(path, size)`` of the files ``glob`` matches and of the visible files under the
     directories it matches, sorted."""
     matched = [info for branch in glob.branches for info in _walk(branch, fs, seen)]
+    matched = [info for info in matched if not seen.staging(_below(info.path, glob.base), info)]
     files = {info.path: info.size for info in matched if info.is_file}
     directories = sorted({info.path for info in matched if info.type == pafs.FileType.Directory})
     for directory, entries in zip(directories, _list(fs, directories, seen, recursive=True)):
-        files.update(_visible_files(directory, entries))
+        files.update(_visible_files(directory, entries, seen))
     return sorted(files.items())
 
 
@@ -232,12 +257,20 @@ def _list(fs: pafs.FileSystem, directories: list[str], seen: _Seen, *, recursive
 
 class _Seen:
     """The directories whose listings were seen, and the index sidecars in them: whether a
-    file has a sidecar is then known without another request."""
+    file has a sidecar is then known without another request. Also the staging output skipped."""
 
     def __init__(self) -> None:
         self._sidecars: set[str] = set()
         self._directories: set[str] = set()  # listed one level
         self._trees: set[str] = set()  # listed recursively
+        self.staged: dict[str, str] = {}  # staging directory or file: the tool that stages there
+
+    def staging(self, relative: str, entry: pafs.FileInfo) -> bool:
+        """Whether ``entry`` (at ``relative`` below the path read) is staging output; noted if so."""
+        found = foreign.staging_tool(relative)
+        if found is not None:
+            self.staged.setdefault(entry.path[:len(entry.path) - len(relative)] + found[0], found[1])
+        return found is not None
 
     def record(self, directory: str, entries: list[pafs.FileInfo], *, recursive: bool) -> None:
         (self._trees if recursive else self._directories).add(directory.rstrip("/") or directory)
@@ -262,12 +295,13 @@ class _Seen:
         return True
 
 
-def _visible_files(directory: str, entries: list[pafs.FileInfo]) -> list[tuple[str, int]]:
+def _visible_files(directory: str, entries: list[pafs.FileInfo], seen: _Seen) -> list[tuple[str, int]]:
     base = directory.rstrip("/") + "/"
     return sorted(
         (e.path, e.size)
         for e in entries
-        if e.is_file and not is_hidden(e.path[len(base):] if e.path.startswith(base) else e.path)
+        if e.is_file and not seen.staging(relative := e.path[len(base):] if e.path.startswith(base) else e.path, e)
+        and not is_hidden(relative)
     )
 
 
