@@ -203,8 +203,10 @@ def test_cli_errors_are_one_line(ray_local, tmp_path, not_tfrecord, capsys):
     assert main(["inspect", not_tfrecord[0]]) == 1
     err = capsys.readouterr().err
     assert err == f"ray-tfrecord inspect: {not_tfrecord[0]}, offset 0: corrupted record: length CRC mismatch; " \
-                  "the file does not look like TFRecord at all (Parquet, CSV or JSON? read it with " \
-                  "ray.data.read_parquet/read_csv/read_json, or `ray-tfrecord convert` it)\n"
+                  "the file does not look like TFRecord at all: if it is not data, leave it out of the read " \
+                  "(read_tfrecords(..., file_extensions=[...]) or a glob matching only the data files); if it is " \
+                  "Parquet, CSV or JSON, read it with ray.data.read_parquet/read_csv/read_json or " \
+                  "`ray-tfrecord convert` it\n"
     csv = tmp_path / "dec.csv"
     csv.write_text("x\n0.1\n")
     assert main(["convert", str(csv), str(tmp_path / "out")]) == 2

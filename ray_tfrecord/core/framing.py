@@ -125,8 +125,10 @@ class CorruptionReport:
         self.samples.extend(other.samples[: max(0, self.max_samples - len(self.samples))])
 
 
-_NOT_TFRECORD = ("; the file does not look like TFRecord at all (Parquet, CSV or JSON? read it with "
-                 "ray.data.read_parquet/read_csv/read_json, or `ray-tfrecord convert` it)")
+_NOT_TFRECORD = ("; the file does not look like TFRecord at all: if it is not data, leave it out of the read "
+                 "(read_tfrecords(..., file_extensions=[...]) or a glob matching only the data files); if it is "
+                 "Parquet, CSV or JSON, read it with ray.data.read_parquet/read_csv/read_json or "
+                 "`ray-tfrecord convert` it")
 
 
 def _frame_error(status: Status, length: int, available: int) -> str:
