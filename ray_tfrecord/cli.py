@@ -19,20 +19,27 @@ import contextlib
 import functools
 import json
 import logging
+import os
+import posixpath
 import re
 import sys
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
+from ray.data import DataContext
 
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.errors import CorruptRecordError, TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
-from ray_tfrecord.core.index import build_index, write_index
+from ray_tfrecord.core.index import build_index, dataset_root, write_index
+from ray_tfrecord.core.schema import read_stored_schema
 from ray_tfrecord.io.datasink import write_tfrecords
 from ray_tfrecord.io.datasource import TFRecordDatasource
-from ray_tfrecord.io.listing import DataFile, list_files
+from ray_tfrecord.io.listing import DataFile, Listing, list_files
 from ray_tfrecord.io.task_errors import task_cause
 
 _READERS = {
@@ -61,8 +68,32 @@ def _rows(files: list[DataFile]) -> list[dict[str, Any]]:
     return [{"path": f.path, "size": f.size} for f in files]
 
 
+def _recorded_schema(listing: Listing, record_type: str) -> tuple[pa.Schema | None, str | None]:
+    """The schema ``write_tfrecords`` recorded for the dataset that the listed path is, or is
+    part of, and that dataset's root; ``(None, None)`` when none is recorded.
+
+    The schema sits at the dataset root, so a file or a partition directory inside a dataset has
+    none of its own: read alone, a ``string`` column would be inferred as ``binary`` (TFRecord
+    stores both as bytes), and a file would disagree with its directory."""
+    if len(listing.roots) != 1:
+        return None, None
+    path = listing.roots[0]
+    # The path's own root when it is a directory (and, for a file, nothing); then the root of
+    # the dataset holding it, less trailing Hive ``key=value`` directories.
+    for root in dict.fromkeys([dataset_root(posixpath.join(path, "")), dataset_root(path)]):
+        schema = read_stored_schema(listing.filesystem, root, options.record_type(record_type))
+        if schema is not None:
+            return schema.remove_metadata(), root
+    return None, None
+
+
 def _cmd_inspect(args) -> int:
-    source = TFRecordDatasource(args.path, record_type=args.record_type)
+    recorded, root = _recorded_schema(list_files(args.path, partitioning=None), args.record_type)
+    with warnings.catch_warnings():
+        # The schema is the dataset's, not a spelling of the caller's: a column that this
+        # file's first records lack (sparse, or null in this partition) is no misspelling.
+        warnings.filterwarnings("ignore", message=r"schema fields .* are in none of the first")
+        source = TFRecordDatasource(args.path, record_type=args.record_type, schema=recorded)
     files = source.listing.files
     schema = source.output_schema()
     print(f"files: {len(files)} ({sum(f.size for f in files)} bytes)")
@@ -76,7 +107,8 @@ def _cmd_inspect(args) -> int:
             values = sorted({dict(f.partitions)[field.name] for f in files}, key=repr)
             shown = ", ".join(map(repr, values[:10])) + (" ..." if len(values) > 10 else "")
             print(f"  {field.name}: {field.type} ({len(values)} values: {shown})")
-    print("schema:")
+    print(f"schema (recorded for the dataset at {root}):" if recorded is not None
+          else "schema (inferred from a sample of the records; none recorded):")
     for field in schema:
         print(f"  {field.name}: {field.type}")
     _ensure_ray(args.num_cpus)
@@ -289,9 +321,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``ray-tfrecord`` console script."""
-    args = _parser().parse_args(argv)
+def _quiet_data_context() -> None:
+    """Create this process's Ray Data context without Ray's deprecation warnings about it.
+
+    Ray 2.60's ``DataContext()`` assigns every field, and assigning ``use_push_based_shuffle``,
+    ``use_polars`` or ``use_arrow_tensor_v2`` warns that the field is deprecated, although
+    nobody set it; every later ``DataContext.get_current()`` returns the context made here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
+        DataContext.get_current()
+
+
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Entry point of the ``ray-tfrecord`` console script; ``argv`` may hold path-like objects."""
+    args = _parser().parse_args(None if argv is None else [os.fspath(a) for a in argv])
+    _quiet_data_context()
     args.num_cpus = getattr(args, "num_cpus", None)
     _console_without_errors()
     try:

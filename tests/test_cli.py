@@ -4,6 +4,7 @@ import os
 import struct
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,50 @@ def test_inspect(ray_local, dataset, capsys):
     assert "id: int64" in out and "text: binary" in out
     assert "records: 40" in out
     assert out.count('"id":') == 2
+
+
+def _schema_block(out: str) -> str:
+    return out[out.index("schema ("):out.index("records:")]
+
+
+def test_inspect_of_a_file_or_partition_shows_the_datasets_recorded_schema(ray_local, tmp_path, capsys):
+    import ray
+
+    from ray_tfrecord import write_tfrecords
+
+    root = tmp_path / "ds"
+    # "note" is in part=1's rows only: part=0's file lacks the feature altogether.
+    table = pa.table({"name": ["a", "b", "c"], "note": [None, "x", "y"], "part": [0, 1, 1]})
+    write_tfrecords(ray.data.from_arrow(table), str(root), partition_cols=["part"])
+    (file,) = (root / "part=0").iterdir()
+    blocks = []
+    for path in (root, root / "part=0", file):  # path-like, as a caller may pass them
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main(["inspect", path]) == 0
+        assert [str(w.message) for w in caught] == []
+        blocks.append(_schema_block(capsys.readouterr().out))
+    # TFRecord stores strings as bytes: read alone, the file would show "name: binary".
+    assert blocks[0] == f"schema (recorded for the dataset at {root}):\n  name: string\n  note: string\n  part: int64\n"
+    assert blocks[1] == blocks[2] == blocks[0]
+
+
+def test_inspect_says_when_the_schema_is_inferred(ray_local, dataset, capsys):
+    assert main(["inspect", dataset / "split=test" / "part-0.tfrecord"]) == 0
+    assert _schema_block(capsys.readouterr().out).startswith(
+        "schema (inferred from a sample of the records; none recorded):\n")
+
+
+def test_inspect_prints_no_deprecation_warning(dataset):
+    # A process of its own: Ray warns when a process creates its first Ray Data context.
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    run = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "ray_tfrecord.cli", "inspect", str(dataset), "--num-cpus", "1"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "records: 40" in run.stdout
+    assert "Warning" not in run.stderr, run.stderr
 
 
 def test_shorten_long_lists_in_shown_rows():

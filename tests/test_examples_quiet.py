@@ -1,6 +1,8 @@
-"""The examples keep TensorFlow's start-up banners off the console, in the driver and in Ray workers."""
+"""The examples' output is a log a person can read: no TensorFlow banners (in the driver or in Ray
+workers), no re-drawn progress bars, colour codes or warnings when it goes to a file."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +47,36 @@ def test_banners_hidden_unless_asked_for():
     # A log level the user set is an explicit wish: TensorFlow's own lines come back.
     asked = _run({"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert "oneDNN" in asked or "cuda" in asked
+
+
+def readable_log_problems(log: str, max_lines: int) -> list[str]:
+    """What makes ``log`` (an example's stdout and stderr, captured to a file) hard to read."""
+    lines = log.splitlines()
+    problems = [f"{len(lines)} lines, more than {max_lines}"] if len(lines) > max_lines else []
+    problems += [f"ANSI escapes: {line!r}" for line in lines if "\x1b" in line][:3]
+    # tqdm re-draws a bar with carriage returns, or line by line once it is not a terminal.
+    problems += [f"progress bar: {line!r}" for line in lines if "\r" in line or re.search(r"\d%\|", line)][:3]
+    problems += [f"blank lines: {n}" for n in [sum(not line.strip() for line in lines)] if n > 5]
+    problems += [f"warning: {line!r}" for line in lines if re.search(r"\w+Warning: ", line)]
+    problems += [f"TensorFlow banner: {line!r}" for line in lines if any(b in line for b in BANNERS)]
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_digits_demo_log_is_readable(tmp_path):
+    """The demo as a user captures it (``python train_examples/digits.py > demo.log 2>&1``), two
+    epochs instead of fifteen: every epoch adds a few plain lines, no progress bar."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_COLOR_PREFIX")}
+    env["RAY_ADDRESS"] = "local"
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "w") as log:
+        run = subprocess.run(
+            [sys.executable, str(EXAMPLES / "digits.py"), "--out", str(tmp_path / "out"), "--epochs", "2",
+             "--min-accuracy", "0"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, timeout=800,
+        )
+    log = log_path.read_text()
+    assert run.returncode == 0, log[-5000:]
+    assert "test accuracy: " in log
+    assert readable_log_problems(log, max_lines=200) == []

@@ -1,12 +1,16 @@
-"""Keeps TensorFlow's start-up banners (oneDNN, CUDA, CPU features) off the examples' console.
+"""Keeps TensorFlow's start-up banners (oneDNN, CUDA, CPU features) and its INFO logs off the
+examples' console, and colour codes out of a log that is not a terminal.
 
-TensorFlow prints them through C++ logging before ``TF_CPP_MIN_LOG_LEVEL`` takes effect, so
-no setting hides them. Instead, file descriptor 2 goes to ``/dev/null`` while TensorFlow is
+TensorFlow prints the banners through C++ logging before ``TF_CPP_MIN_LOG_LEVEL`` takes effect,
+so no setting hides them. Instead, file descriptor 2 goes to ``/dev/null`` while TensorFlow is
 first imported and probes its devices: in the example's own process, and, through Ray's
 ``worker_process_setup_hook``, in every Ray worker that imports TensorFlow (workers that never
 do pay nothing). Errors still surface: a failed import raises as usual once stderr is back.
+Ray Train sets a worker's root logger to INFO, which would show TensorFlow's Python INFO logs
+(each twice, through TensorFlow's handler and Ray's, and one per checkpoint through absl): both
+loggers go back to what they show by default, WARNING and up.
 
-To see the banners, set ``TF_CPP_MIN_LOG_LEVEL`` yourself (``0`` shows everything): an explicit
+To see all of it, set ``TF_CPP_MIN_LOG_LEVEL`` yourself (``0`` shows everything): an explicit
 setting wins and nothing is hidden.
 """
 
@@ -15,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -52,6 +58,8 @@ class _QuietLoader(importlib.abc.Loader):
             self._loader.exec_module(module)
             # The CUDA probe logs on first device use, after the import proper.
             module.config.list_physical_devices()
+        for name in ("tensorflow", "absl"):  # TensorFlow logs through both
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class _QuietFinder(importlib.abc.MetaPathFinder):
@@ -69,6 +77,27 @@ def install() -> None:
     """Hide the banners of this process's first TensorFlow import, unless asked for."""
     if _ASKED_FOR not in os.environ and "tensorflow" not in sys.modules:
         sys.meta_path.insert(0, _QuietFinder())
+
+
+class _Uncoloured(logging.Filter):
+    _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = self._ANSI.sub("", record.getMessage()), ()
+        return True
+
+
+def plain_log() -> None:
+    """No colour codes in Ray's console lines when the output is not a terminal.
+
+    Ray colours the ``(pid=...)`` prefix of every worker line and the dashboard's address
+    whatever its output is; in a file or in the log of a ``ray job submit`` run they are noise.
+    ``RAY_COLOR_PREFIX`` set by the caller wins."""
+    if sys.stdout.isatty():
+        return
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    for handler in logging.getLogger("ray").handlers:
+        handler.addFilter(_Uncoloured())
 
 
 def ray_runtime_env() -> dict[str, Any]:

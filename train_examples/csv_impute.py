@@ -111,6 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="csv_impute_")
 
+    _quiet_tf.plain_log()
     ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     csv_path = os.path.join(out, "measurements.csv")
     columns = _write_csv_with_gaps(csv_path)

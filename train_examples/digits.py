@@ -111,6 +111,7 @@ def main() -> None:
     out = args.out or tempfile.mkdtemp(prefix="digits_")
     started = time.monotonic()
 
+    _quiet_tf.plain_log()
     ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     digits = load_digits()
     ids = np.arange(len(digits.target))

@@ -98,6 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="sequences_")
 
+    _quiet_tf.plain_log()
     ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     for name, rows, seed in [("train", 4000, 0), ("valid", 1000, 1)]:
         ray_tfrecord.write_tfrecords(
