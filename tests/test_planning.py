@@ -134,9 +134,11 @@ def test_default_read_tasks_does_not_start_ray():
 
 
 def test_default_read_tasks_is_one_per_cpu(ray_local):
-    assert default_read_tasks(0, None) == 2
+    assert default_read_tasks(64 << 20, None) == 2
     assert default_read_tasks(10 * (128 << 20), None) == 10
-    assert default_read_tasks(10 << 20, 1 << 20) == 10
+    # No more tasks than MIN_SPLIT_BYTES pieces: Ray would split each task's output to make up the count.
+    assert default_read_tasks(0, None) == 1
+    assert default_read_tasks(40 << 20, 1 << 20) == 3
 
 
 def test_a_lone_file_is_cut_into_one_range_per_task(tmp_path):

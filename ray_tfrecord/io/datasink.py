@@ -17,6 +17,7 @@ This module adapts the write to Ray Data: the driver side of the commit protocol
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 from collections.abc import Iterable
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
-from ray.data import Dataset, SaveMode
+from ray.data import Dataset
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
@@ -32,11 +33,13 @@ from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import RecordType, check_encodable
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.io import _compat
+from ray_tfrecord.io._compat import SaveMode
 from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult
 from ray_tfrecord.io.task_errors import from_task, task_cause
 from ray_tfrecord.io.writers import WriteConfig, write_tables
 
-__all__ = ["TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
+# SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
+__all__ = ["SaveMode", "TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
     :mod:`ray_tfrecord.io.writers`.
 
     Args:
-        path: Destination directory (any ``pyarrow.fs`` filesystem).
+        path: Destination directory (any ``pyarrow.fs`` filesystem), a string or a path-like object.
         filesystem: Filesystem to use; inferred from ``path`` when absent.
         record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (the
             dataset then has one binary column, written as raw records).
@@ -97,7 +100,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     def __init__(
         self,
-        path: str,
+        path: str | os.PathLike,
         *,
         filesystem: pafs.FileSystem | None = None,
         record_type: RecordType = "Example",
@@ -127,8 +130,8 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         if filename_provider is not None and not isinstance(filename_provider, FilenameProvider):
             raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
                             f"{type(filename_provider).__name__}")
-        self._unresolved_path = path
-        paths, fs = _compat.resolve_paths(path, filesystem)
+        self._unresolved_path = os.fspath(path)
+        paths, fs = _compat.resolve_paths([self._unresolved_path], filesystem)
         retrying = _compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
         self.commit = Commit(retrying, paths[0], mode, underlying=_compat.unwrap_filesystem(retrying))
@@ -162,7 +165,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     # -- driver side ------------------------------------------------------------------
 
-    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+    def on_write_start(self, schema: pa.Schema | None = None, **_: Any) -> None:  # Ray 2.50-2.52 pass no schema
         if self._started:
             return
         self._started = True
@@ -221,7 +224,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     @property
     def supports_distributed_writes(self) -> bool:
-        return not _compat.is_local_scheme(self._unresolved_path)
+        return not _compat.is_local_scheme([self._unresolved_path])
 
     # -- write tasks ---------------------------------------------------------------------
 
@@ -241,7 +244,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
 def write_tfrecords(
     ds: Dataset,
-    path: str,
+    path: str | os.PathLike,
     *,
     filesystem: pafs.FileSystem | None = None,
     record_type: RecordType = "Example",
@@ -257,10 +260,25 @@ def write_tfrecords(
     allow_float64_narrowing: bool = False,
     allow_decimal_narrowing: bool = False,
     concurrency: int | None = None,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    memory: float | None = None,
+    resources: dict[str, float] | None = None,
+    accelerator_type: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    label_selector: dict[str, str] | None = None,
+    fallback_strategy: list[dict[str, Any]] | None = None,
+    max_calls: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
 ) -> TFRecordWriteResult:
     """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
     for the arguments and the commit protocol. Returns what was written.
+
+    ``concurrency`` and ``ray_remote_args`` are ``Dataset.write_datasink``'s; the write tasks'
+    Ray options can also be given by name (``num_cpus``, ``num_gpus``, ``memory``,
+    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
+    ``fallback_strategy``, ``max_calls``), as for :func:`~ray_tfrecord.read_tfrecords`;
+    only the ones given reach Ray.
 
     Example:
         >>> import ray, ray_tfrecord
@@ -284,6 +302,11 @@ def write_tfrecords(
         allow_float64_narrowing=allow_float64_narrowing,
         allow_decimal_narrowing=allow_decimal_narrowing,
     )
+    given = dict(
+        concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources,
+        accelerator_type=accelerator_type, runtime_env=runtime_env, label_selector=label_selector,
+        fallback_strategy=fallback_strategy, max_calls=max_calls, ray_remote_args=ray_remote_args,
+    )
     # Settle error/ignore before executing the dataset: Ray would otherwise compute
     # the whole dataset only for the sink to refuse or drop it.
     if sink.commit.apply_mode():
@@ -292,7 +315,7 @@ def write_tfrecords(
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink.check_schema(known.base_schema)  # fail before computing anything
     try:
-        ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
+        ds.write_datasink(sink, **_compat.ray_call_args(Dataset.write_datasink, given))
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.
