@@ -532,3 +532,12 @@ def test_every_varint_length_boundary_parses_in_tensorflow(ray_local, tmp_path):
         parsed = tf.io.parse_single_example(rec, spec)
         got[int(parsed["id"])] = (int(parsed["one"]), parsed["vals"].numpy().tolist())
     assert got == {r["id"]: (r["one"], r["vals"]) for r in rows}
+
+
+def test_path_like_destinations(ray_local, tmp_path):
+    assert write_tfrecords(words_dataset(), tmp_path / "a", partition_cols=["number"]).num_rows == 60
+    sink = TFRecordDatasink(tmp_path / "b")
+    words_dataset().write_datasink(sink)
+    assert sink.result.num_rows == 60
+    assert sorted(r["word"] for r in read_tfrecords(tmp_path / "a").take_all()) == sorted(
+        r["word"] for r in read_tfrecords(tmp_path / "b").take_all())

@@ -35,6 +35,7 @@ __all__ = [
     "ROW_COUNT_STUB_COLUMN",
     "SaveMode",
     "TaskContext",
+    "data_context",
     "execution_index",
     "has_file_extension",
     "is_local_scheme",
@@ -174,11 +175,21 @@ def write_uuid(ctx: Any) -> str | None:
     return ctx.kwargs.get(_WRITE_UUID_KEY) if _WRITE_UUID_KEY else None
 
 
+def data_context() -> DataContext:
+    """``DataContext.get_current()``. The call that creates the context (the first in a process) makes Ray
+    2.60 warn about its own deprecated fields (``use_push_based_shuffle``, ``use_polars``,
+    ``use_arrow_tensor_v2``: its constructor sets them); those warnings say nothing about the caller's
+    code, so they are not shown when that first call is ours."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.context")
+        return DataContext.get_current()
+
+
 def retrying_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
     """``fs`` retrying the errors listed in ``DataContext.retried_io_errors``."""
     if _RetryingPyFileSystem is None:
         return fs
-    return _RetryingPyFileSystem.wrap(fs, retryable_errors=DataContext.get_current().retried_io_errors)
+    return _RetryingPyFileSystem.wrap(fs, retryable_errors=data_context().retried_io_errors)
 
 
 def unwrap_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:

@@ -17,6 +17,7 @@ This module adapts the write to Ray Data: the driver side of the commit protocol
 from __future__ import annotations
 
 import logging
+import math
 import os
 import posixpath
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ import pyarrow.fs as pafs
 import ray
 from ray.data import Dataset
 from ray.data.block import Block, BlockAccessor
+from ray.data.dataset import MaterializedDataset
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
 from ray_tfrecord.core import options, sizes
@@ -136,6 +138,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         #: The write's commit protocol: its save mode, staging directory and final moves.
         self.commit = Commit(retrying, paths[0], mode, underlying=_compat.unwrap_filesystem(retrying))
         self._min_rows_per_file = min_rows_per_file
+        self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
         self._config = WriteConfig(
             filesystem=retrying,
@@ -205,7 +208,20 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     @property
     def min_rows_per_write(self) -> int | None:
-        return self._min_rows_per_file
+        return self._min_rows_per_file or self._rows_per_write
+
+    def _bundle_rows_like_bytes(self, ds: Dataset) -> None:
+        """Ray before 2.60 ignores :attr:`min_bytes_per_write` and runs one write task per input block
+        unless a row target is given. For a materialized dataset, whose size Ray knows without
+        executing it, set the row target that gathers the same bytes, so that the same files are
+        written on every Ray; a lazy dataset's write tasks are fused with the read tasks before it
+        where Ray can, and take one block each where it cannot."""
+        if self._min_rows_per_file is not None or not isinstance(ds, MaterializedDataset):
+            return
+        rows, size = ds.count(), ds.size_bytes()
+        target = self.min_bytes_per_write
+        if rows and size and target:
+            self._rows_per_write = max(1, math.ceil(target * rows / size))
 
     @property
     def min_bytes_per_write(self) -> int | None:
@@ -215,8 +231,8 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         # so it must stay well below the store (Ray Data budgets about half of it across
         # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
         # operators on backpressure and spills (tests/test_faults.py).
-        if self._min_rows_per_file is not None:
-            return None  # the caller's row target bundles instead (Ray accepts only one of the two)
+        if self.min_rows_per_write is not None:
+            return None  # the row target bundles instead (Ray accepts only one of the two)
         store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
         if store:
             return max(1, min(self._min_bytes_per_write, int(store) // sizes.STORE_SHARE_PER_WRITE))
@@ -311,6 +327,8 @@ def write_tfrecords(
     # the whole dataset only for the sink to refuse or drop it.
     if sink.commit.apply_mode():
         return TFRecordWriteResult(num_rows=0, skipped=True)
+    if not _compat.RAY_BUNDLES_WRITES_BY_BYTES:
+        sink._bundle_rows_like_bytes(ds)
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink.check_schema(known.base_schema)  # fail before computing anything

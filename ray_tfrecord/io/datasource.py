@@ -25,6 +25,7 @@ Reading works in three stages:
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import warnings
 from collections.abc import Iterator
@@ -168,7 +169,7 @@ class TFRecordDatasource(Datasource):
         self._verify_crc = verify_crc
         self._shuffle = shuffle
         self._supports_distributed = not _compat.is_local_scheme([resolved] if isinstance(resolved, str) else resolved)
-        self._data_context = DataContext.get_current()
+        self._data_context = _compat.data_context()
 
         self._listing = list_files(
             resolved,
@@ -239,6 +240,19 @@ class TFRecordDatasource(Datasource):
 
     def supports_projection_pushdown(self) -> bool:
         return True
+
+    def apply_projection(self, projection: dict[str, str] | list[str] | None) -> TFRecordDatasource:
+        """A copy reading only ``projection``'s columns (of those this one reads, in its order): a
+        ``{name: name}`` map from Ray 2.52, a list of names before; ``None`` changes nothing."""
+        clone = copy.copy(self)
+        if projection is not None:
+            kept = dict.fromkeys(projection) if self._projection_map is None else self._projection_map
+            clone._projection_map = {name: name for name in kept if name in projection}
+        return clone
+
+    def get_current_projection(self) -> list[str] | None:
+        """The projected columns, as Ray 2.50 and 2.51 ask for them."""
+        return None if self._projection_map is None else list(self._projection_map)
 
     @property
     def supports_distributed_reads(self) -> bool:
@@ -428,7 +442,7 @@ def read_tfrecords(
     )
     if override_num_blocks is None:
         size = datasource.estimate_inmemory_data_size() or 0
-        override_num_blocks = default_read_tasks(size, DataContext.get_current().target_max_block_size)
+        override_num_blocks = default_read_tasks(size, _compat.data_context().target_max_block_size)
     given = dict(
         override_num_blocks=override_num_blocks, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
         concurrency=concurrency, compute=compute, resources=resources, accelerator_type=accelerator_type,
