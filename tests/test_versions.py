@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import ray.data
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -176,3 +177,12 @@ def test_ray_options_go_by_name_where_the_call_names_them_else_into_ray_remote_a
     assert ray_call_args(older, {"num_cpus": None, "ray_remote_args": None}) == {}
     with pytest.raises(TypeError, match=r"^Ray .* does not take compute; upgrade Ray or leave it out$"):
         ray_call_args(older, {"compute": object()})
+
+
+def test_a_private_ray_name_that_is_gone_costs_its_feature_with_one_warning():
+    from ray_tfrecord.io._compat import _private
+
+    with pytest.warns(UserWarning, match=r"^Ray \S+ has no _GONE: transient errors are not retried$"):
+        assert _private(("ray.data._internal.no_such_module", "ray.data"), "_GONE", "transient errors are not "
+                        "retried") is None
+    assert _private(("ray.data._internal.no_such_module", "ray.data"), "Dataset", "") is ray.data.Dataset
