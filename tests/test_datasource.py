@@ -1,9 +1,12 @@
 """TFRecordDatasource: TensorFlow-written files, compression, corruption, splitting,
 partitions (with proof that pruned files are never opened), listing options."""
 
+import json
 import os
 import struct
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +26,8 @@ from ray_tfrecord.io.datasource import TFRecordDatasource
 from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parent.parent
 
 # Read tasks run in worker processes that cannot import this test module (or its helpers).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -476,3 +481,56 @@ def test_missing_feature_in_a_not_null_field_is_a_decode_error(ray_local, tmp_pa
     loose = pa.schema([pa.field("id", pa.int64()), pa.field("label", pa.int64())])
     rows = sorted(read_tfrecords(path, schema=loose).take_all(), key=lambda r: r["id"])
     assert [r["label"] for r in rows] == [7, None, 7]
+
+
+def test_path_like_paths_read_like_strings(ray_local, tf_files):
+    directory = tf_files[""].parent  # a pathlib.Path, as TensorFlow and Ray accept
+    assert read_tfrecords(directory, columns=["id"]).count() == 300
+    assert read_tfrecords([tf_files[""], tf_files["GZIP"]], columns=["id"]).count() == 200
+    source = TFRecordDatasource(tf_files["ZLIB"], columns=["id"])
+    assert sorted(r["id"] for r in ray.data.read_datasource(source).take_all()) == list(range(200, 300))
+
+
+def test_named_ray_options_reach_ray_and_no_deprecation_warning_comes_from_our_calls(tmp_path):
+    """In a fresh process (a fresh DataContext, whose creation Ray 2.60 warns about) with Ray running: a read
+    and a write with the read and write tasks' options given by name, deprecation warnings recorded."""
+    code = """
+import json, sys, warnings, ray
+from ray_tfrecord import read_tfrecords, write_tfrecords
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, resources={"disk": 2},
+         object_store_memory=200 << 20)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rows = read_tfrecords(sys.argv[1], columns=["id"], num_cpus=0.5, memory=1 << 20, resources={"disk": 1}).take_all()
+    ds = read_tfrecords(sys.argv[1], columns=["id"], override_num_blocks=2, concurrency=1)
+    result = write_tfrecords(ds, sys.argv[2], num_cpus=0.5, resources={"disk": 1}, concurrency=1)
+deprecations = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+print(json.dumps({"rows": len(rows), "written": result.num_rows,
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in deprecations]}))
+"""
+    src = tmp_path / "src"
+    tf_write(src / "a.tfrecord", [make_example(i, np.random.default_rng(i)) for i in range(50)])
+    out = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")], capture_output=True,
+                         text=True, timeout=240, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report == {"rows": 50, "written": 50, "warnings": []}
+
+
+def test_read_tfrecords_leaves_starting_ray_to_ray_data(tf_files):
+    """Without a running Ray the read asks for no task count (that would need the cluster's CPUs) and
+    starts nothing itself; Ray Data decides (its read API starts Ray on first use). Only the options
+    given reach Ray."""
+    code = """
+import functools, json, sys, ray, ray.data
+real, calls = ray.data.read_datasource, []
+ray.data.read_datasource = functools.wraps(real)(lambda source, **kw: calls.append([ray.is_initialized(), kw]))
+from ray_tfrecord import read_tfrecords
+read_tfrecords(sys.argv[1], num_cpus=0.5, ray_remote_args={"max_retries": 1})
+print(json.dumps(calls))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tf_files[""])], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    called = json.loads(out.stdout.splitlines()[-1])
+    assert called == [[False, {"num_cpus": 0.5, "ray_remote_args": {"max_retries": 1}}]]

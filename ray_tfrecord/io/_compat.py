@@ -1,93 +1,248 @@
-"""The one place this package touches Ray Data's private internals.
+"""The one place this package touches Ray Data's private internals, and its one Ray version switch.
 
-Everything else imports public Ray names only (``ray.data.SaveMode``,
-``ray.data.datasource.Partitioning`` and friends); what is here has no public
-counterpart in Ray 2.x, and each name says which public API it stands in for, so a
-Ray upgrade that breaks one breaks it here and nowhere else. Tests that need one of
-these names import it from here too.
+Supported: Ray 2.50 (October 2025) to :data:`NEWEST_TESTED_RAY`, both ends tested (`make test` at the
+newest, `make test-lowest` at the floor pinned in ``.ci/lowest-constraints.txt``). Everything else in
+the package imports public Ray names only; what is here has no public counterpart, and each name says
+which public API it stands in for. A private name that a Ray release removes costs its feature, with
+one warning, never the import: the fallback beside each name says what is lost.
+
+Raising the newest tested Ray (one line): install the new release in ``.venv``, run ``make test``,
+and when it passes set :data:`NEWEST_TESTED_RAY` to its minor version.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import pyarrow.fs as pafs
-
-# Ray counts a column-less Arrow table as empty; a column of this name carries the row
-# count of a batch whose columns were all projected away, and Ray drops it again. No
-# public constant or "row-count-only block" API exists.
-from ray.data._internal.arrow_block import _BATCH_SIZE_PRESERVING_STUB_COL_NAME as ROW_COUNT_STUB_COLUMN
-
-# The context Ray passes to ``Datasink.write``; the public ``Datasink.write`` signature
-# names it but Ray exports it from no public module.
-from ray.data._internal.execution.interfaces import TaskContext
-
-# The key under which a write task's context carries the write's id, which Ray's file datasinks pass
-# to ``FilenameProvider.get_filename_for_task``; no public accessor exists.
-from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
-
-# The filesystem wrapper that retries ``DataContext.retried_io_errors``, the retry
-# behaviour every built-in Ray reader and writer has; Ray offers no public way to get it.
-from ray.data._internal.util import RetryingPyFileSystem, _is_local_scheme
+import ray
 from ray.data.context import DataContext
-
-# pyarrow's S3FileSystem needs ``pyarrow.fs`` imported before it is unpickled in a
-# worker; Ray's file-based readers wrap it for shipping in read tasks. Not public.
-from ray.data.datasource.file_based_datasource import (
-    _unwrap_s3_serialization_workaround,
-    _wrap_s3_serialization_workaround,
-)
-
-# How every Ray reader turns user paths into (normalised paths, inferred filesystem),
-# including schemes like ``local://`` and ``s3://`` with default credentials; and its
-# extension test (case-insensitive, leading dot optional). Neither is public.
-from ray.data.datasource.path_util import _has_file_extension, _resolve_paths_and_filesystem
+from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
 __all__ = [
+    "HIVE_PARSER_DECODES",
+    "NEWEST_TESTED_RAY",
+    "OLDEST_SUPPORTED_RAY",
+    "RAY_BUNDLES_WRITES_BY_BYTES",
+    "RAY_VERSION",
+    "REMOTE_OPTIONS",
     "ROW_COUNT_STUB_COLUMN",
+    "SaveMode",
     "TaskContext",
+    "data_context",
     "execution_index",
     "has_file_extension",
     "is_local_scheme",
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
+    "ray_call_args",
+    "shuffle_seed",
     "unpickled_filesystem",
     "unwrap_filesystem",
+    "untested_ray_message",
     "write_uuid",
 ]
 
+#: The newest Ray minor release ``make test`` has passed on (see the module docstring to raise it).
+NEWEST_TESTED_RAY = (2, 60)
+#: The floor, pyproject.toml's ``ray>=`` (tests/test_versions.py checks they agree).
+OLDEST_SUPPORTED_RAY = (2, 50)
 
-resolve_paths = _resolve_paths_and_filesystem
-has_file_extension = _has_file_extension
-is_local_scheme = _is_local_scheme  # local:// paths: Ray runs their tasks on the driver's node
+
+def _minor(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else (0, 0)
 
 
-def write_uuid(ctx: TaskContext) -> str | None:
+RAY_VERSION = _minor(ray.__version__)
+
+#: The version switch: Ray 2.60 bundles a write task's input blocks by ``Datasink.min_bytes_per_write``;
+#: earlier releases ignore that property and honour only ``min_rows_per_write`` (one file per block
+#: otherwise), so the datasink turns its byte target into a row target itself (``io/datasink.py``).
+RAY_BUNDLES_WRITES_BY_BYTES = RAY_VERSION >= (2, 60)
+
+
+#: Whether Ray's Hive ``PathPartitionParser`` URL-decodes values (2.52+), as this package's writer and pyarrow
+#: encode them; on 2.50-2.51 the reader decodes them itself (``io/partitioning.py``). Probed, not versioned.
+HIVE_PARSER_DECODES = PathPartitionParser(Partitioning(PartitionStyle.HIVE))("k=%2F/f") == {"k": "/"}
+
+
+def untested_ray_message(version: str) -> str | None:
+    """The warning for a Ray release newer than the newest tested, ``None`` for a tested one."""
+    if _minor(version) <= NEWEST_TESTED_RAY:
+        return None
+    oldest, newest = (".".join(map(str, v)) for v in (OLDEST_SUPPORTED_RAY, NEWEST_TESTED_RAY))
+    return (f"ray_tfrecord is tested with Ray {oldest} to {newest}; Ray {version} is newer and untested. "
+            f"If reads or writes fail, install 'ray<={newest}.*' and report the failure.")
+
+
+def _private(modules: tuple[str, ...], name: str, loss: str) -> Any:
+    """``name`` from the first of ``modules`` that has it, or ``None`` and one warning saying which
+    feature is lost without it."""
+    for module in modules:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    warnings.warn(f"Ray {ray.__version__} has no {name}: {loss}", stacklevel=2)
+    return None
+
+
+# Ray counts a column-less Arrow table as empty; a column of this name carries the row count of a batch
+# whose columns were all projected away (``Dataset.count()``), and Ray drops it again. No public constant
+# or "row-count-only block" API exists; Ray 2.50 keeps it in its Parquet reader.
+ROW_COUNT_STUB_COLUMN: str = _private(
+    ("ray.data._internal.arrow_block", "ray.data._internal.datasource.parquet_datasource"),
+    "_BATCH_SIZE_PRESERVING_STUB_COL_NAME",
+    "a read that projects every column away shows a '__row_count' column",
+) or "__row_count"
+
+# Ray Data's save modes: public (``ray.data.SaveMode``) from Ray 2.52, in a private module before.
+try:
+    from ray.data import SaveMode
+except ImportError:  # Ray 2.50, 2.51
+    from ray.data._internal.savemode import SaveMode  # type: ignore[no-redef]
+
+# The context Ray passes to ``Datasink.write``; the public ``Datasink.write`` signature names it but Ray
+# exports it from no public module. Only a type here, so nothing is lost without it.
+try:
+    from ray.data._internal.execution.interfaces import TaskContext
+except ImportError:  # pragma: no cover - a type annotation only
+    TaskContext = Any  # type: ignore[misc,assignment]
+
+# The key under which a write task's context carries the write's id, which Ray's file datasinks pass to
+# ``FilenameProvider.get_filename_for_task``; no public accessor exists.
+_WRITE_UUID_KEY = _private(("ray.data._internal.planner.plan_write_op",), "WRITE_UUID_KWARG_NAME",
+                           "a FilenameProvider gets the staging directory's id instead of Ray's write id")
+
+# The filesystem wrapper that retries ``DataContext.retried_io_errors``, the retry behaviour every built-in
+# Ray reader and writer has; Ray offers no public way to get it.
+_RetryingPyFileSystem = _private(("ray.data._internal.util",), "RetryingPyFileSystem",
+                                 "transient filesystem errors (DataContext.retried_io_errors) are not retried")
+
+# pyarrow's S3FileSystem needs ``pyarrow.fs`` imported before it is unpickled in a worker; Ray's file-based
+# readers wrap it for shipping in read tasks. Not public.
+_S3_MODULE = ("ray.data.datasource.file_based_datasource",)
+_s3_loss = "an S3 filesystem may fail to unpickle in read tasks"
+_wrap_s3 = _private(_S3_MODULE, "_wrap_s3_serialization_workaround", _s3_loss)
+_unwrap_s3 = _private(_S3_MODULE, "_unwrap_s3_serialization_workaround", _s3_loss) if _wrap_s3 else None
+
+# How every Ray reader turns user paths into (normalised paths, inferred filesystem), including schemes like
+# ``local://`` and ``s3://`` with default credentials. Not public.
+_resolve_paths = _private(("ray.data.datasource.path_util",), "_resolve_paths_and_filesystem",
+                          "paths resolve with pyarrow.fs.FileSystem.from_uri (no local:// or cloud defaults)")
+
+_LOCAL_SCHEME = "local://"
+
+
+def is_local_scheme(paths: list[str]) -> bool:
+    """Whether ``paths`` use Ray's ``local://`` scheme, whose tasks Ray runs on the driver's node (as Ray's
+    readers decide it: all of them or none)."""
+    local = [p.startswith(_LOCAL_SCHEME) for p in paths]
+    if any(local) and not all(local):
+        raise ValueError(f"paths must all use {_LOCAL_SCHEME} or none of them; got {paths}")
+    return bool(local) and all(local)
+
+
+def has_file_extension(path: str, extensions: list[str]) -> bool:
+    """Ray's readers' extension test: case-insensitive, leading dot optional."""
+    lowered = path.lower()
+    return any(lowered.endswith("." + e.lower().lstrip(".")) for e in extensions)
+
+
+def resolve_paths(paths: list[str], filesystem: pafs.FileSystem | None) -> tuple[list[str], pafs.FileSystem]:
+    """``paths`` normalised, and the filesystem they are on (``filesystem`` when given)."""
+    if _resolve_paths is not None:
+        return _resolve_paths(paths, filesystem)
+    if filesystem is None:
+        filesystem, _ = pafs.FileSystem.from_uri(paths[0] if "://" in paths[0] else os.path.abspath(paths[0]))
+    out = []
+    for p in paths:
+        out.append(pafs.FileSystem.from_uri(p)[1] if "://" in p else os.path.abspath(p))
+    return out, filesystem
+
+
+def write_uuid(ctx: Any) -> str | None:
     """The id Ray gives one write (the same in all its tasks), for a ``FilenameProvider``; ``None``
     when ``Datasink.write`` is called outside Ray's write operator."""
-    return ctx.kwargs.get(WRITE_UUID_KWARG_NAME)
+    return ctx.kwargs.get(_WRITE_UUID_KEY) if _WRITE_UUID_KEY else None
+
+
+def data_context() -> DataContext:
+    """``DataContext.get_current()``. The call that creates the context (the first in a process) makes Ray
+    2.60 warn about its own deprecated fields (``use_push_based_shuffle``, ``use_polars``,
+    ``use_arrow_tensor_v2``: its constructor sets them); those warnings say nothing about the caller's
+    code, so they are not shown when that first call is ours."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.context")
+        return DataContext.get_current()
 
 
 def retrying_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
     """``fs`` retrying the errors listed in ``DataContext.retried_io_errors``."""
-    return RetryingPyFileSystem.wrap(fs, retryable_errors=DataContext.get_current().retried_io_errors)
+    if _RetryingPyFileSystem is None:
+        return fs
+    return _RetryingPyFileSystem.wrap(fs, retryable_errors=data_context().retried_io_errors)
 
 
 def unwrap_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
     """The filesystem under Ray's retrying wrapper (to test its type)."""
-    return fs.unwrap() if isinstance(fs, RetryingPyFileSystem) else fs
+    return fs.unwrap() if _RetryingPyFileSystem and isinstance(fs, _RetryingPyFileSystem) else fs
 
 
-def pickleable_filesystem(fs: pafs.FileSystem):
+def pickleable_filesystem(fs: pafs.FileSystem) -> Any:
     """``fs`` made safe to ship in a task; undo with :func:`unpickled_filesystem`."""
-    return _wrap_s3_serialization_workaround(fs)
+    return _wrap_s3(fs) if _wrap_s3 else fs
 
 
-def unpickled_filesystem(shipped) -> pafs.FileSystem:
-    return _unwrap_s3_serialization_workaround(shipped)
+def unpickled_filesystem(shipped: Any) -> pafs.FileSystem:
+    return _unwrap_s3(shipped) if _unwrap_s3 else shipped
 
 
 def execution_index(context: DataContext | None) -> int:
-    """How many times this dataset has been executed before, which
-    ``FileShuffleConfig.get_seed`` takes to reseed per execution. Ray passes the context
-    to ``Datasource.get_read_tasks`` but keeps the counter in a private attribute."""
-    return context._execution_idx if context is not None else 0
+    """How many times this dataset has been executed before, which ``FileShuffleConfig.get_seed`` takes to
+    reseed per execution. Ray 2.54+ passes the context to ``Datasource.get_read_tasks`` but keeps the
+    counter in a private attribute; before 2.54 there is none (every execution counts as the first)."""
+    return getattr(context, "_execution_idx", 0) if context is not None else 0
+
+
+def shuffle_seed(config: Any, execution_idx: int) -> int | None:
+    """The seed of a ``FileShuffleConfig`` for one execution: ``get_seed`` from Ray 2.54, the plain
+    seed before (those releases have no per-execution reseeding)."""
+    get_seed = getattr(config, "get_seed", None)
+    return get_seed(execution_idx) if get_seed is not None else config.seed
+
+
+# Ray task options that ``ray.data.read_datasource`` takes by name from 2.59 (2.60 deprecates passing them in
+# ``ray_remote_args``, to be removed in 2.64); earlier releases, and ``Dataset.write_datasink`` in all, take
+# them inside ``ray_remote_args`` only.
+REMOTE_OPTIONS = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env",
+                            "label_selector", "fallback_strategy", "max_calls"})
+
+
+def ray_call_args(func: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's options (``None`` meaning not given) as keywords for the Ray call ``func``: what its
+    signature names passes as given, so that Ray's own defaults and deprecation warnings apply; Ray task
+    options it does not name go into its ``ray_remote_args``, merged over the caller's."""
+    params = inspect.signature(func).parameters
+    given = {k: v for k, v in given.items() if v is not None}
+    out = {k: v for k, v in given.items() if k in params}
+    folded = {k: v for k, v in given.items() if k not in params}
+    unknown = sorted(set(folded) - REMOTE_OPTIONS)
+    if unknown:
+        raise TypeError(f"Ray {ray.__version__} does not take {', '.join(unknown)}; upgrade Ray or leave it out")
+    if folded:
+        out["ray_remote_args"] = {**(given.get("ray_remote_args") or {}), **folded}
+    return out
+
+
+_untested = untested_ray_message(ray.__version__)
+if _untested:
+    warnings.warn(_untested, stacklevel=2)

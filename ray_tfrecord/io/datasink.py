@@ -17,6 +17,8 @@ This module adapts the write to Ray Data: the driver side of the commit protocol
 from __future__ import annotations
 
 import logging
+import math
+import os
 import posixpath
 from collections.abc import Iterable
 from typing import Any
@@ -24,19 +26,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
-from ray.data import Dataset, SaveMode
+from ray.data import Dataset
 from ray.data.block import Block, BlockAccessor
+from ray.data.dataset import MaterializedDataset
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import RecordType, check_encodable
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.io import _compat
+from ray_tfrecord.io._compat import SaveMode
 from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult
 from ray_tfrecord.io.task_errors import from_task, task_cause
 from ray_tfrecord.io.writers import WriteConfig, write_tables
 
-__all__ = ["TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
+# SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
+__all__ = ["SaveMode", "TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
     :mod:`ray_tfrecord.io.writers`.
 
     Args:
-        path: Destination directory (any ``pyarrow.fs`` filesystem).
+        path: Destination directory (any ``pyarrow.fs`` filesystem), a string or a path-like object.
         filesystem: Filesystem to use; inferred from ``path`` when absent.
         record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (the
             dataset then has one binary column, written as raw records).
@@ -97,7 +102,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     def __init__(
         self,
-        path: str,
+        path: str | os.PathLike,
         *,
         filesystem: pafs.FileSystem | None = None,
         record_type: RecordType = "Example",
@@ -127,12 +132,13 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         if filename_provider is not None and not isinstance(filename_provider, FilenameProvider):
             raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
                             f"{type(filename_provider).__name__}")
-        self._unresolved_path = path
-        paths, fs = _compat.resolve_paths(path, filesystem)
+        self._unresolved_path = os.fspath(path)
+        paths, fs = _compat.resolve_paths([self._unresolved_path], filesystem)
         retrying = _compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
         self.commit = Commit(retrying, paths[0], mode, underlying=_compat.unwrap_filesystem(retrying))
         self._min_rows_per_file = min_rows_per_file
+        self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
         self._config = WriteConfig(
             filesystem=retrying,
@@ -162,7 +168,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     # -- driver side ------------------------------------------------------------------
 
-    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+    def on_write_start(self, schema: pa.Schema | None = None, **_: Any) -> None:  # Ray 2.50-2.52 pass no schema
         if self._started:
             return
         self._started = True
@@ -202,7 +208,20 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     @property
     def min_rows_per_write(self) -> int | None:
-        return self._min_rows_per_file
+        return self._min_rows_per_file or self._rows_per_write
+
+    def _bundle_rows_like_bytes(self, ds: Dataset) -> None:
+        """Ray before 2.60 ignores :attr:`min_bytes_per_write` and runs one write task per input block
+        unless a row target is given. For a materialized dataset, whose size Ray knows without
+        executing it, set the row target that gathers the same bytes, so that the same files are
+        written on every Ray; a lazy dataset's write tasks are fused with the read tasks before it
+        where Ray can, and take one block each where it cannot."""
+        if self._min_rows_per_file is not None or not isinstance(ds, MaterializedDataset):
+            return
+        rows, size = ds.count(), ds.size_bytes()
+        target = self.min_bytes_per_write
+        if rows and size and target:
+            self._rows_per_write = max(1, math.ceil(target * rows / size))
 
     @property
     def min_bytes_per_write(self) -> int | None:
@@ -212,8 +231,8 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         # so it must stay well below the store (Ray Data budgets about half of it across
         # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
         # operators on backpressure and spills (tests/test_faults.py).
-        if self._min_rows_per_file is not None:
-            return None  # the caller's row target bundles instead (Ray accepts only one of the two)
+        if self.min_rows_per_write is not None:
+            return None  # the row target bundles instead (Ray accepts only one of the two)
         store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
         if store:
             return max(1, min(self._min_bytes_per_write, int(store) // sizes.STORE_SHARE_PER_WRITE))
@@ -221,7 +240,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     @property
     def supports_distributed_writes(self) -> bool:
-        return not _compat.is_local_scheme(self._unresolved_path)
+        return not _compat.is_local_scheme([self._unresolved_path])
 
     # -- write tasks ---------------------------------------------------------------------
 
@@ -241,7 +260,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
 def write_tfrecords(
     ds: Dataset,
-    path: str,
+    path: str | os.PathLike,
     *,
     filesystem: pafs.FileSystem | None = None,
     record_type: RecordType = "Example",
@@ -257,10 +276,25 @@ def write_tfrecords(
     allow_float64_narrowing: bool = False,
     allow_decimal_narrowing: bool = False,
     concurrency: int | None = None,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    memory: float | None = None,
+    resources: dict[str, float] | None = None,
+    accelerator_type: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    label_selector: dict[str, str] | None = None,
+    fallback_strategy: list[dict[str, Any]] | None = None,
+    max_calls: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
 ) -> TFRecordWriteResult:
     """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
     for the arguments and the commit protocol. Returns what was written.
+
+    ``concurrency`` and ``ray_remote_args`` are ``Dataset.write_datasink``'s; the write tasks'
+    Ray options can also be given by name (``num_cpus``, ``num_gpus``, ``memory``,
+    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
+    ``fallback_strategy``, ``max_calls``), as for :func:`~ray_tfrecord.read_tfrecords`;
+    only the ones given reach Ray.
 
     Example:
         >>> import ray, ray_tfrecord
@@ -284,15 +318,22 @@ def write_tfrecords(
         allow_float64_narrowing=allow_float64_narrowing,
         allow_decimal_narrowing=allow_decimal_narrowing,
     )
+    given = dict(
+        concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources,
+        accelerator_type=accelerator_type, runtime_env=runtime_env, label_selector=label_selector,
+        fallback_strategy=fallback_strategy, max_calls=max_calls, ray_remote_args=ray_remote_args,
+    )
     # Settle error/ignore before executing the dataset: Ray would otherwise compute
     # the whole dataset only for the sink to refuse or drop it.
     if sink.commit.apply_mode():
         return TFRecordWriteResult(num_rows=0, skipped=True)
+    if not _compat.RAY_BUNDLES_WRITES_BY_BYTES:
+        sink._bundle_rows_like_bytes(ds)
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink.check_schema(known.base_schema)  # fail before computing anything
     try:
-        ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=ray_remote_args)
+        ds.write_datasink(sink, **_compat.ray_call_args(Dataset.write_datasink, given))
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.

@@ -25,9 +25,11 @@ Reading works in three stages:
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -36,6 +38,9 @@ from ray.data import Dataset
 from ray.data.block import BlockMetadata
 from ray.data.context import DataContext
 from ray.data.datasource import Datasource, Partitioning, PartitionStyle, PathPartitionFilter, ReadTask
+
+if TYPE_CHECKING:
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
@@ -85,7 +90,8 @@ class TFRecordDatasource(Datasource):
     :func:`read_tfrecords`, which takes the same arguments.
 
     Args:
-        paths: A file, a directory (read recursively), or a list of them. Any
+        paths: A file, a directory (read recursively), or a list of them, as strings or
+            path-like objects (``pathlib.Path``). Any
             filesystem ``pyarrow.fs`` supports (local, ``s3://``, ``gs://``, HDFS...).
         record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (one
             ``binary`` column named ``record`` holding each record's payload).
@@ -136,7 +142,7 @@ class TFRecordDatasource(Datasource):
 
     def __init__(
         self,
-        paths: str | list[str],
+        paths: str | os.PathLike | list[str | os.PathLike],
         *,
         record_type: RecordType = "Example",
         schema: pa.Schema | None = None,
@@ -155,17 +161,18 @@ class TFRecordDatasource(Datasource):
         fixed_size_lists: bool = False,
     ):
         super().__init__()
+        resolved = _fspaths(paths)
         self._record_type = options.record_type(record_type)
         self._compression = options.compression(compression, allow_auto=True)
         self._on_corrupt = options.on_corrupt(on_corrupt)
         check_shuffle(shuffle)
         self._verify_crc = verify_crc
         self._shuffle = shuffle
-        self._supports_distributed = not _compat.is_local_scheme(paths)
-        self._data_context = DataContext.get_current()
+        self._supports_distributed = not _compat.is_local_scheme([resolved] if isinstance(resolved, str) else resolved)
+        self._data_context = _compat.data_context()
 
         self._listing = list_files(
-            paths,
+            resolved,
             filesystem=filesystem,
             file_extensions=file_extensions,
             ignore_missing_paths=ignore_missing_paths,
@@ -234,6 +241,19 @@ class TFRecordDatasource(Datasource):
     def supports_projection_pushdown(self) -> bool:
         return True
 
+    def apply_projection(self, projection: dict[str, str] | list[str] | None) -> TFRecordDatasource:
+        """A copy reading only ``projection``'s columns (of those this one reads, in its order): a
+        ``{name: name}`` map from Ray 2.52, a list of names before; ``None`` changes nothing."""
+        clone = copy.copy(self)
+        if projection is not None:
+            kept = dict.fromkeys(projection) if self._projection_map is None else self._projection_map
+            clone._projection_map = {name: name for name in kept if name in projection}
+        return clone
+
+    def get_current_projection(self) -> list[str] | None:
+        """The projected columns, as Ray 2.50 and 2.51 ask for them."""
+        return None if self._projection_map is None else list(self._projection_map)
+
     @property
     def supports_distributed_reads(self) -> bool:
         return self._supports_distributed
@@ -248,6 +268,7 @@ class TFRecordDatasource(Datasource):
         parallelism: int,
         per_task_row_limit: int | None = None,
         data_context: DataContext | None = None,
+        **_: Any,  # arguments later Ray releases add; Ray 2.50 passes only the first two
     ) -> list[ReadTask]:
         files = shuffle_files(self._listing.files, self._shuffle, _compat.execution_index(data_context))
         target = split_bytes(sum(f.size for f in files), parallelism, sizes.MIN_SPLIT_BYTES)
@@ -349,7 +370,7 @@ def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: Reco
 
 
 def read_tfrecords(
-    paths: str | list[str],
+    paths: str | os.PathLike | list[str | os.PathLike],
     *,
     record_type: RecordType = "Example",
     schema: pa.Schema | None = None,
@@ -367,17 +388,29 @@ def read_tfrecords(
     infer_sample_records: int = 10_000,
     fixed_size_lists: bool = False,
     override_num_blocks: int | None = None,
-    concurrency: int | None = None,
     num_cpus: float | None = None,
+    num_gpus: float | None = None,
     memory: float | None = None,
+    concurrency: int | None = None,
+    compute: TaskPoolStrategy | ActorPoolStrategy | None = None,
+    resources: dict[str, float] | None = None,
+    accelerator_type: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    label_selector: dict[str, str] | None = None,
+    fallback_strategy: list[dict[str, Any]] | None = None,
+    max_calls: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
 ) -> Dataset:
     """Read TFRecord files into a :class:`ray.data.Dataset`.
 
-    Takes the arguments of :class:`TFRecordDatasource` plus the usual Ray read
-    arguments (``override_num_blocks``, ``concurrency``, ``num_cpus``, ``memory``,
-    ``ray_remote_args``). ``override_num_blocks`` defaults to one read task per CPU in
-    the cluster (more for data larger than that many target-size blocks), not Ray's
+    Takes the arguments of :class:`TFRecordDatasource` plus those of Ray 2.60's
+    ``ray.data.read_datasource``: ``override_num_blocks``, ``concurrency``, ``compute``
+    and the read tasks' Ray options by name (``num_cpus``, ``num_gpus``, ``memory``,
+    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
+    ``fallback_strategy``, ``max_calls``). Only the ones given reach Ray; on a Ray release
+    whose read API does not name one yet it goes into ``ray_remote_args``, which is still
+    accepted (Ray 2.60 deprecates it). ``override_num_blocks`` defaults to one read task per
+    CPU in the cluster (more for data larger than that many target-size blocks), not Ray's
     200: each task streams blocks of a few MiB already. That needs a running Ray to
     count CPUs; before ``ray.init()`` the read leaves the choice to Ray Data. To retrieve
     the count of records skipped with ``on_corrupt="skip"``, build the
@@ -408,17 +441,19 @@ def read_tfrecords(
         fixed_size_lists=fixed_size_lists,
     )
     if override_num_blocks is None:
-        if not ray.is_initialized():
-            # Ray's own read_* functions start Ray on first use; doing it here, in the public entry
-            # point, lets the default read-task count see the cluster instead of Ray's 200 blocks.
-            ray.init()
         size = datasource.estimate_inmemory_data_size() or 0
-        override_num_blocks = default_read_tasks(size, DataContext.get_current().target_max_block_size)
-    return ray.data.read_datasource(
-        datasource,
-        override_num_blocks=override_num_blocks,
-        concurrency=concurrency,
-        num_cpus=num_cpus,
-        memory=memory,
-        ray_remote_args=ray_remote_args,
+        override_num_blocks = default_read_tasks(size, _compat.data_context().target_max_block_size)
+    given = dict(
+        override_num_blocks=override_num_blocks, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+        concurrency=concurrency, compute=compute, resources=resources, accelerator_type=accelerator_type,
+        runtime_env=runtime_env, label_selector=label_selector, fallback_strategy=fallback_strategy,
+        max_calls=max_calls, ray_remote_args=ray_remote_args,
     )
+    return ray.data.read_datasource(datasource, **_compat.ray_call_args(ray.data.read_datasource, given))
+
+
+def _fspaths(paths: str | os.PathLike | list[str | os.PathLike]) -> str | list[str]:
+    """``paths`` as strings, as Ray's path resolution takes them."""
+    if isinstance(paths, (str, os.PathLike)):
+        return os.fspath(paths)
+    return [os.fspath(p) for p in paths]

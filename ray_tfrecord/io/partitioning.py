@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
 from ray_tfrecord.core.layout import HIVE_NULL_PARTITION
+from ray_tfrecord.io import _compat
 
 __all__ = ["PartitionValues", "hive_directory", "parse_partitions", "split_by_partitions"]
 
@@ -108,6 +109,8 @@ def parse_partitions(
         return pa.schema([]), [()] * len(paths)
     parser = PathPartitionParser(partitioning)
     raw: list[dict[str, Any]] = [parser(p) for p in paths]
+    if partitioning.style == PartitionStyle.HIVE and not _compat.HIVE_PARSER_DECODES:
+        raw = [{k: urllib.parse.unquote(v) if isinstance(v, str) else v for k, v in d.items()} for d in raw]
     names = list(dict.fromkeys(k for d in raw for k in d))
     explicit = partitioning.field_types or {}
     types = {

@@ -9,7 +9,8 @@ tasks of about the split size.
 
 Example::
 
-    >>> from ray_tfrecord.io.listing import DataFile
+    >>> from ray_tfrecord.io import _compat
+from ray_tfrecord.io.listing import DataFile
     >>> from ray_tfrecord.io.planning import FileRange, pack_ranges
     >>> ranges = [FileRange.whole(DataFile(f"f{i}", 10, ())) for i in range(5)]
     >>> [[r.path for r in task] for task in pack_ranges(ranges, target_bytes=20)]
@@ -32,6 +33,7 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord.core import sizes
 from ray_tfrecord.core.framing import detect_compression
 from ray_tfrecord.core.index import RecordIndex, load_index, read_fingerprint
+from ray_tfrecord.io import _compat
 from ray_tfrecord.io.listing import DataFile
 from ray_tfrecord.io.partitioning import PartitionValues
 
@@ -170,23 +172,26 @@ def shuffle_files(files: list[DataFile], shuffle: Shuffle, execution_idx: int) -
     ``shuffle``'s seed gives for this execution (the permutation Ray's readers use)."""
     if shuffle is None:
         return files
-    seed = None if shuffle == "files" else shuffle.get_seed(execution_idx)
+    seed = None if shuffle == "files" else _compat.shuffle_seed(shuffle, execution_idx)
     shuffled = list(files)
     np.random.default_rng(seed).shuffle(shuffled)
     return shuffled
 
 
 def default_read_tasks(estimated_bytes: int, target_block_bytes: int | None) -> int | None:
-    """One read task per CPU, more only when blocks would otherwise exceed Ray's target size;
-    ``None`` (Ray Data's own default) when Ray is not running yet, since sizing a cluster
-    must not start one.
+    """One read task per CPU, more when blocks would otherwise exceed Ray's target size, but never
+    more than the data has ``MIN_SPLIT_BYTES`` pieces (planning would pack it into fewer tasks);
+    ``None`` (Ray Data's own default) when Ray is not running yet, since sizing a cluster must not
+    start one.
 
-    Ray's own default asks for at least 200 read blocks and, with fewer read tasks than that,
-    splits every task's output k ways (one more copy of each block). Our read tasks already stream
-    blocks of a few MiB, which gives downstream operators their parallelism; measured on 2 CPUs the
-    split costs 2-3x in read throughput.
+    Ray splits every task's output k ways (one more copy of each block) when a datasource returns
+    fewer read tasks than it asked for: its own default asks for at least 200. Our read tasks already
+    stream blocks of a few MiB, which gives downstream operators their parallelism; measured on 2
+    CPUs the split costs 2-3x in read throughput. Without the split, Ray before 2.60 can also fuse
+    the read tasks with the write tasks that follow, so a task's blocks go to one file.
     """
     if not ray.is_initialized():
         return None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return max(cpus, math.ceil(estimated_bytes / (target_block_bytes or sizes.TARGET_BLOCK_BYTES)))
+    splits = max(1, math.ceil(estimated_bytes / sizes.MIN_SPLIT_BYTES))
+    return min(splits, max(cpus, math.ceil(estimated_bytes / (target_block_bytes or sizes.TARGET_BLOCK_BYTES))))

@@ -241,13 +241,14 @@ class _TaskFiles:
 
 
 def _provided_name(provider: FilenameProvider, write_uuid: str, task_idx: int) -> str:
-    """A write task's file name from a Ray ``FilenameProvider``. Ray 2.60's file datasinks call
-    only ``get_filename_for_task``; a provider written for earlier Rays, which overrides only
-    ``get_filename_for_block``, gets the arguments Ray documents for it (block ``None``, index 0)
-    rather than being silently ignored."""
+    """A write task's file name from a Ray ``FilenameProvider``. Ray 2.55+ file datasinks call
+    only ``get_filename_for_task`` (earlier releases have no such method); a provider written for
+    earlier Rays, which overrides only ``get_filename_for_block``, gets the arguments Ray documents
+    for it (block ``None``, index 0) rather than being silently ignored."""
     cls = type(provider)
-    if (cls.get_filename_for_task is FilenameProvider.get_filename_for_task
-            and cls.get_filename_for_block is not FilenameProvider.get_filename_for_block):
+    for_task = getattr(cls, "get_filename_for_task", None)
+    if for_task is None or (for_task is getattr(FilenameProvider, "get_filename_for_task", None)
+                            and cls.get_filename_for_block is not FilenameProvider.get_filename_for_block):
         name = provider.get_filename_for_block(None, write_uuid, task_idx, 0)
     else:
         name = provider.get_filename_for_task(write_uuid, task_idx)
