@@ -155,7 +155,7 @@ class ResumableFeed:
         at).  Raises ``ValueError`` if the checkpoint was taken with another seed or dataset."""
         with open(os.path.join(directory, FEED_FILE)) as f:
             state = json.load(f)
-        if state["dataset"] != self.plan.fingerprint() or state["seed"] != self.seed or state["shuffle"] != self.shuffle:
+        if (state["dataset"], state["seed"], state["shuffle"]) != (self.plan.fingerprint(), self.seed, self.shuffle):
             raise ValueError(
                 f"{os.path.join(directory, FEED_FILE)} was saved by a feed of seed={state['seed']}, "
                 f"shuffle={state['shuffle']} over {state['dataset'][0]} splits of {state['dataset'][1]} rows; this "
