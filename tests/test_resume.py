@@ -6,11 +6,13 @@ import itertools
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+import ray
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -199,3 +201,242 @@ def test_gzip_needs_no_index(ray_local, tmp_path):
     assert [(s.start, s.end, s.rows) for s in plan.splits] == [(0, None, 40)]
     (rows,) = _epoch(_feeds(plan, 1, batch_size=7))
     assert sorted(i for i, w in rows if w) == list(range(40)) and len(rows) == 42
+
+
+# --- Ray Train: a worker dies mid-epoch, the group restarts ------------------------------------------
+# Each rank keeps the ids of its completed steps (weight 1 only) and writes them to its file when a
+# checkpoint is reported: rows trained after the last checkpoint are lost with the worker's model,
+# so they must be fed again, and only they. Rank 1 exits once at a step of epoch 1 that no checkpoint
+# ends (a marker file stops the restarted rank from exiting again). It first waits out Ray Train's
+# poll of the workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s): a report counts once the
+# controller has taken it, and a failure before that resumes from the checkpoint before, weights
+# and position together, so the rows since that one are rightly fed again but were logged here.
+
+EPOCHS, BATCH, EVERY = 2, 16, 4
+
+
+def _ids_log(config, rank: int):
+    def flush(pending: list, epoch: int) -> None:
+        with open(os.path.join(config["log"], f"rank{rank}.txt"), "a") as f:
+            f.writelines(f"{epoch} {i}\n" for i in pending)
+        pending.clear()
+
+    return flush
+
+
+def _die_once(config, rank: int, epoch: int, step: int) -> None:
+    """Rank 1 exits at ``die_at`` of epoch 1; with ``doomed_node``, the rank on that node waits there
+    for the test to remove its node."""
+    if (epoch, step) != (1, config["die_at"]):
+        return
+    marker = os.path.join(config["log"], "died")
+    if config.get("doomed_node") is not None:
+        if ray.get_runtime_context().get_node_id() == config["doomed_node"]:
+            open(marker, "w").close()
+            time.sleep(600)
+    elif rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(8)
+        os._exit(1)
+
+
+def _custom_loop(config):
+    import tempfile
+
+    import ray.train
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = ray.train.get_context().get_world_rank()
+    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    with strategy.scope():
+        dense = tf.keras.layers.Dense(1)
+        dense.build((None, 2))
+        optimizer = tf.keras.optimizers.SGD(0.1)
+    start, checkpoint = 0, ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            start = feed.load(directory)
+            dense.set_weights(np.load(os.path.join(directory, "weights.npy"), allow_pickle=True))
+
+    @tf.function
+    def train_step(x, y, w):
+        def replica(x, y, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / BATCH
+            optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
+
+        strategy.run(replica, args=(x, y, w))
+
+    def report(epoch: int, steps: int | None) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            feed.save(directory, steps)
+            np.save(os.path.join(directory, "weights.npy"), np.array(dense.get_weights(), dtype=object))
+            ray.train.report({"epoch": epoch}, checkpoint=ray.train.Checkpoint.from_directory(directory)
+                             if rank == 0 else None)
+
+    flush, pending = _ids_log(config, rank), []
+    for epoch in range(start, EPOCHS):
+        for step, (x, y, w) in enumerate(feed.dataset(), 1):
+            _die_once(config, rank, epoch, step)
+            train_step(x["x"], y, w)
+            pending += x["id"].numpy()[w.numpy() > 0].tolist()
+            if step % EVERY == 0:
+                report(epoch, step)
+                flush(pending, epoch)
+        report(epoch, None)
+        flush(pending, epoch)
+
+
+class _IdModel(tf.keras.Model):
+    """One Dense layer on ``x``; its train step also hands ``note`` the ids it trains on (weight > 0)."""
+
+    def __init__(self, note) -> None:
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(1)
+        self.note = note  # a function: Keras would track a list attribute, and refuse to save it
+
+    def call(self, inputs):
+        return self.dense(inputs["x"])
+
+    def train_step(self, data):
+        x, _, w = data
+        tf.py_function(lambda ids, weights: self.note(ids.numpy()[weights.numpy() > 0].tolist()), [x["id"], w], [])
+        return super().train_step(data)
+
+
+def _keras_loop(config):
+    import ray.train
+
+    from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = ray.train.get_context().get_world_rank()
+    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    pending: list = []
+    with strategy.scope():
+        model = _IdModel(pending.extend)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    flush = _ids_log(config, rank)
+
+    class Log(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            _die_once(config, rank, self.epoch, batch + 1)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):  # after ReportCheckpoint's report
+            if (batch + 1) % EVERY == 0:
+                flush(pending, self.epoch)
+
+        def on_epoch_end(self, epoch, logs=None):
+            flush(pending, epoch)
+
+    start = restore(model, feed)
+    checkpoints = ReportCheckpoint(keras_file=False, every_n_steps=EVERY, feed=feed)
+    for epoch in range(start, EPOCHS):  # one fit per epoch: a resumed epoch is shorter
+        model.fit(feed.dataset(), epochs=epoch + 1, initial_epoch=epoch, callbacks=[checkpoints, Log()], verbose=0)
+
+
+def _train(loop, config, tmp_path, workers: int, max_failures: int):
+    from ray_tfrecord.tf.train import tensorflow_trainer
+
+    return tensorflow_trainer(loop, datasets={}, num_workers=workers, cpus_per_worker=0.5, train_loop_config=config,
+                              storage_path=str(tmp_path / "runs"), name="resume", max_failures=max_failures).fit()
+
+
+def _trained_once_per_epoch(log_dir) -> None:
+    per_epoch = collections.defaultdict(collections.Counter)
+    for name in os.listdir(log_dir):
+        if name.startswith("rank"):
+            for line in open(os.path.join(log_dir, name)):
+                epoch, i = map(int, line.split())
+                per_epoch[epoch][i] += 1
+    assert os.path.exists(os.path.join(log_dir, "died"))
+    assert sorted(per_epoch) == list(range(EPOCHS))
+    for epoch, counts in per_epoch.items():
+        assert counts == collections.Counter(range(ROWS)), (epoch, {i: n for i, n in counts.items() if n != 1})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("loop", "die_at"), [(_custom_loop, 7), (_keras_loop, 11)], ids=["custom_loop", "keras_fit"])
+def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, tmp_path, loop, die_at):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    (tmp_path / "log").mkdir()
+    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": die_at}
+    _train(loop, config, tmp_path, workers=2, max_failures=1)
+    _trained_once_per_epoch(tmp_path / "log")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_group_of_another_size_continues_the_epoch(ray_local, tmp_path):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    (tmp_path / "log").mkdir()
+    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": 7}
+    with pytest.raises(Exception):  # noqa: B017, PT011  (Ray Train's error type varies by version)
+        _train(_custom_loop, config, tmp_path, workers=2, max_failures=0)
+    _train(_custom_loop, config, tmp_path, workers=1, max_failures=0)  # same name: resumes
+    _trained_once_per_epoch(tmp_path / "log")
+
+
+_CLUSTER = """
+import os, sys, time
+import ray
+from ray.cluster_utils import Cluster
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.tensorflow import TensorflowTrainer
+
+from ray_tfrecord.io.splits import plan_splits
+from ray_tfrecord.tf.train import WORKER_ENV_VARS
+from tests.test_resume import SCHEMA, _custom_loop
+
+tmp = sys.argv[1]
+# One training worker per node ("slot"); each node keeps CPU for the read tasks.
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"slot": 1}})
+doomed = cluster.add_node(num_cpus=1, resources={"slot": 1})
+ray.init(address=cluster.address, log_to_driver=False)
+plan = plan_splits(os.path.join(tmp, "tf"), schema=SCHEMA, split_bytes=2048)
+config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "doomed_node": doomed.node_id}
+env = {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+trainer = TensorflowTrainer(
+    _custom_loop, train_loop_config=config,
+    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "slot": 1}),
+    run_config=RunConfig(storage_path=os.path.join(tmp, "runs"), name="node",
+                         failure_config=FailureConfig(max_failures=1), worker_runtime_env={"env_vars": env}))
+
+
+def remove_when_reached():
+    while not os.path.exists(os.path.join(tmp, "log", "died")):
+        time.sleep(0.2)
+    time.sleep(5)  # Ray Train takes the step-4 report on its next poll (2 s)
+    cluster.remove_node(doomed, allow_graceful=False)
+    cluster.add_node(num_cpus=1, resources={"slot": 1})  # where the group restarts
+
+
+import threading
+threading.Thread(target=remove_when_reached, daemon=True).start()
+trainer.fit()
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_removed_node_resumes_mid_epoch(tmp_path):
+    """Two nodes of a simulated cluster, one training worker on each; the node of one is removed at
+    step 7 of epoch 1 and a fresh node joins. Its own Ray cluster, so in a process of its own."""
+    import subprocess
+    import sys
+
+    _write_tf(tmp_path / "tf")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "cluster.py").write_text(_CLUSTER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), "RAY_ADDRESS": ""}
+    run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(tmp_path)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=850)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    _trained_once_per_epoch(tmp_path / "log")
