@@ -393,9 +393,9 @@ from ray_tfrecord.tf.train import WORKER_ENV_VARS
 from tests.test_resume import SCHEMA, _custom_loop
 
 tmp = sys.argv[1]
-# One training worker per node ("slot"); each node keeps CPU for the read tasks.
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"slot": 1}})
-doomed = cluster.add_node(num_cpus=1, resources={"slot": 1})
+# One training worker per node ("slot"); each node keeps a whole CPU for read tasks (they ask for 1).
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1}})
+doomed = cluster.add_node(num_cpus=2, resources={"slot": 1})
 ray.init(address=cluster.address, log_to_driver=False)
 plan = plan_splits(os.path.join(tmp, "tf"), schema=SCHEMA, split_bytes=2048)
 config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "doomed_node": doomed.node_id}
@@ -412,7 +412,7 @@ def remove_when_reached():
         time.sleep(0.2)
     time.sleep(5)  # Ray Train takes the step-4 report on its next poll (2 s)
     cluster.remove_node(doomed, allow_graceful=False)
-    cluster.add_node(num_cpus=1, resources={"slot": 1})  # where the group restarts
+    cluster.add_node(num_cpus=2, resources={"slot": 1})  # where the group restarts
 
 
 import threading

@@ -181,4 +181,6 @@ class ResumableFeed:
         reads.context.execution_options.preserve_order = True
         reader = _Reader(self.plan, position.epoch, self.seed, self.shuffle, self._columns)
         tables = reads.map_batches(reader, batch_size=None, batch_format="pyarrow")
-        yield from tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False)
+        # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
+        yield from tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
+                                       prefetch_batches=2)
