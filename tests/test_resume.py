@@ -225,19 +225,15 @@ def _ids_log(config, rank: int):
 
 
 def _die_once(config, rank: int, epoch: int, step: int) -> None:
-    """Rank 1 exits at ``die_at`` of epoch 1; with ``doomed_node``, the rank on that node waits there
-    for the test to remove its node."""
-    if (epoch, step) != (1, config["die_at"]):
-        return
+    """Rank 1 exits at ``die_at`` of epoch 1, once; with ``node_dies``, it names its node in the marker
+    and waits there for the test to remove the node."""
     marker = os.path.join(config["log"], "died")
-    if config.get("doomed_node") is not None:
-        if ray.get_runtime_context().get_node_id() == config["doomed_node"]:
-            open(marker, "w").close()
-            time.sleep(600)
-    elif rank == 1 and not os.path.exists(marker):
-        open(marker, "w").close()
-        time.sleep(8)
-        os._exit(1)
+    if (epoch, step, rank) != (1, config["die_at"], 1) or os.path.exists(marker):
+        return
+    with open(marker, "w") as f:
+        f.write(ray.get_runtime_context().get_node_id())
+    time.sleep(600 if config.get("node_dies") else 8)
+    os._exit(1)
 
 
 def _custom_loop(config):
@@ -393,12 +389,13 @@ from ray_tfrecord.tf.train import WORKER_ENV_VARS
 from tests.test_resume import SCHEMA, _custom_loop
 
 tmp = sys.argv[1]
-# One training worker per node ("slot"); each node keeps a whole CPU for read tasks (they ask for 1).
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1}})
-doomed = cluster.add_node(num_cpus=2, resources={"slot": 1})
+# One training worker per node ("slot"), a spare node for the restart, none on the head; each node
+# keeps a whole CPU for read tasks (they ask for 1).
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+nodes = [cluster.add_node(num_cpus=2, resources={"slot": 1}) for _ in range(3)]
 ray.init(address=cluster.address, log_to_driver=False)
 plan = plan_splits(os.path.join(tmp, "tf"), schema=SCHEMA, split_bytes=2048)
-config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "doomed_node": doomed.node_id}
+config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "node_dies": True}
 env = {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 trainer = TensorflowTrainer(
     _custom_loop, train_loop_config=config,
@@ -408,11 +405,12 @@ trainer = TensorflowTrainer(
 
 
 def remove_when_reached():
-    while not os.path.exists(os.path.join(tmp, "log", "died")):
+    marker = os.path.join(tmp, "log", "died")
+    while not os.path.exists(marker) or not open(marker).read():
         time.sleep(0.2)
     time.sleep(5)  # Ray Train takes the step-4 report on its next poll (2 s)
+    doomed = next(n for n in nodes if n.node_id == open(marker).read())
     cluster.remove_node(doomed, allow_graceful=False)
-    cluster.add_node(num_cpus=2, resources={"slot": 1})  # where the group restarts
 
 
 import threading
@@ -426,8 +424,8 @@ cluster.shutdown()
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_removed_node_resumes_mid_epoch(tmp_path):
-    """Two nodes of a simulated cluster, one training worker on each; the node of one is removed at
-    step 7 of epoch 1 and a fresh node joins. Its own Ray cluster, so in a process of its own."""
+    """A simulated cluster, one training worker on each of two nodes and a spare; the node of rank 1
+    is removed at step 7 of epoch 1. Its own Ray cluster, so in a process of its own."""
     import subprocess
     import sys
 
