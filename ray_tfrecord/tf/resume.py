@@ -14,7 +14,7 @@ rows, which fill the last step of a rank whose share is short (equal batches on 
 TensorFlow's collectives in step) and must not count: pass it as Keras's ``sample_weight`` (``fit``
 does, given a 3-tuple) or multiply a custom loop's per-row loss by it.
 
-The reads run in Ray Data tasks, one per piece of a split, in order, and the Arrow batches become
+The reads run in Ray Data tasks, each a run of consecutive pieces of about 16 MB, in order, and the Arrow batches become
 tensors as :func:`~ray_tfrecord.tf.feed.tf_dataset` makes them.
 """
 
@@ -32,7 +32,7 @@ import ray.train
 import tensorflow as tf
 
 from ray_tfrecord.io.order import Assignment, Position, assign
-from ray_tfrecord.io.splits import SplitPlan, read_pieces
+from ray_tfrecord.io.splits import SplitPlan, group_pieces, read_pieces
 from ray_tfrecord.tf.feed import table_batches
 from ray_tfrecord.tf.tensors import column_plans
 
@@ -64,10 +64,10 @@ class _Reader:
     columns: tuple[str, ...]
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        rows = batch.to_pylist()
-        pieces = [((r["split"], r["lo"], r["hi"]), r["weight"]) for r in rows]
-        yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
-                               columns=self.columns, weight_column=WEIGHT_COLUMN)
+        for group in batch.column("pieces").to_pylist():
+            pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
+            yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
+                                   columns=self.columns, weight_column=WEIGHT_COLUMN)
 
 
 class ResumableFeed:
@@ -174,8 +174,8 @@ class ResumableFeed:
         assignment = self._assignment(position)
         self._current, self._next = (position, assignment), Position(position.epoch + 1)
         fallback = assignment.shares[0]
-        pieces = assignment.pieces(self.rank, fallback)
-        items = [{"split": s, "lo": lo, "hi": hi, "weight": w} for (s, lo, hi), w in pieces]
+        groups = group_pieces(self.plan, assignment.pieces(self.rank, fallback))
+        items = [{"pieces": [[s, lo, hi, w] for (s, lo, hi), w in group]} for group in groups]
         reads = ray.data.from_items(items, override_num_blocks=len(items))
         # The order is the position: Ray Data must hand the pieces out as listed.
         reads.context.execution_options.preserve_order = True
