@@ -34,7 +34,9 @@ from ray_tfrecord.io.order import Piece, row_order
 from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK, ProbeKind, probe_file
 from ray_tfrecord.io.read_tasks import Compression
 
-__all__ = ["DEFAULT_SPLIT_BYTES", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_pieces"]
+__all__ = [
+    "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_pieces",
+]
 
 #: A weighted piece: ``(piece, weight)``.
 Weighted = tuple[Piece, float]
@@ -185,3 +187,24 @@ def read_pieces(
         table = table.take(pa.array(rows)) if shuffle or lo or hi < split.rows else table
         yield table.append_column(pa.field(weight_column, pa.float32()),
                                   pa.array(np.full(hi - lo, weight, np.float32)))
+
+
+@dataclass(frozen=True)
+class PieceReader:
+    """The body of a resumable feed's Ray Data tasks (``map_batches``): rows of ``pieces`` (runs of
+    ``[split, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
+    beside the feed, so that a read task's worker imports no TensorFlow (seconds per fresh worker,
+    which Ray starts for the feed's tasks every epoch)."""
+
+    plan: SplitPlan
+    epoch: int
+    seed: int
+    shuffle: bool
+    columns: tuple[str, ...]
+    weight_column: str
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for group in batch.column("pieces").to_pylist():
+            pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
+            yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
+                                   columns=self.columns, weight_column=self.weight_column)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +31,7 @@ import ray.train
 import tensorflow as tf
 
 from ray_tfrecord.io.order import Assignment, Position, assign
-from ray_tfrecord.io.splits import SplitPlan, group_pieces, read_pieces
+from ray_tfrecord.io.splits import PieceReader, SplitPlan, group_pieces
 from ray_tfrecord.tf.feed import table_batches
 from ray_tfrecord.tf.tensors import column_plans
 
@@ -51,23 +50,6 @@ def _group() -> tuple[int, int]:
         return context.get_world_rank(), context.get_world_size()
     except (RuntimeError, DeprecationWarning):
         return 0, 1
-
-
-@dataclass(frozen=True)
-class _Reader:
-    """The body of the epoch's Ray Data tasks: a batch of pieces in, their decoded rows out."""
-
-    plan: SplitPlan
-    epoch: int
-    seed: int
-    shuffle: bool
-    columns: tuple[str, ...]
-
-    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        for group in batch.column("pieces").to_pylist():
-            pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
-            yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
-                                   columns=self.columns, weight_column=WEIGHT_COLUMN)
 
 
 class ResumableFeed:
@@ -179,7 +161,7 @@ class ResumableFeed:
         reads = ray.data.from_items(items, override_num_blocks=len(items))
         # The order is the position: Ray Data must hand the pieces out as listed.
         reads.context.execution_options.preserve_order = True
-        reader = _Reader(self.plan, position.epoch, self.seed, self.shuffle, self._columns)
+        reader = PieceReader(self.plan, position.epoch, self.seed, self.shuffle, self._columns, WEIGHT_COLUMN)
         tables = reads.map_batches(reader, batch_size=None, batch_format="pyarrow")
         # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
         yield from tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
