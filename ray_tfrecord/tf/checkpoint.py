@@ -1,8 +1,10 @@
 """Checkpoints of a Keras model inside a Ray Train training function.
 
-:class:`ReportCheckpoint` saves the model through ``ray.train.report``;
-:func:`restore` loads the latest one back after a restart.  Both are also
-importable from :mod:`ray_tfrecord.tf.train`, next to the trainer they serve.
+:class:`ReportCheckpoint` saves the model through ``ray.train.report``, after every epoch and,
+with ``every_n_steps=``, inside epochs too; given a
+:class:`~ray_tfrecord.tf.resume.ResumableFeed` it saves the feed's position with the weights.
+:func:`restore` loads the latest checkpoint back after a restart.  Both are also importable from
+:mod:`ray_tfrecord.tf.train`, next to the trainer they serve.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from typing import Any
 
 import ray.train
 import tf_keras
+
+from ray_tfrecord.tf.resume import FEED_FILE, ResumableFeed
 
 __all__ = ["MODEL_FILE", "ReportCheckpoint", "restore"]
 
@@ -25,7 +30,8 @@ _STATE = "state.json"
 
 
 class ReportCheckpoint(tf_keras.callbacks.Callback):
-    """Keras callback: after every epoch, checkpoint the model and ``ray.train.report``.
+    """Keras callback: checkpoint the model and ``ray.train.report``, after every epoch and, with
+    ``every_n_steps``, after every ``every_n_steps``-th step of an epoch.
 
     A checkpoint holds the weights with the optimizer state (what :func:`restore`
     resumes from) and, unless ``keras_file=False``, the whole model as
@@ -33,33 +39,61 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
     :func:`ray_tfrecord.tf.inference.predict`).  Every rank saves, since
     ``MultiWorkerMirroredStrategy`` wants all of them to take part, but only
     rank 0's copy is reported: the weights are mirrored.  The reported metrics
-    are the epoch's Keras logs plus ``epoch`` (0-based).
+    are Keras's logs (the epoch's, or the running ones inside an epoch) plus ``epoch``
+    (0-based) and, inside an epoch, ``step`` (Keras steps completed in it).
+
+    With ``feed`` (the :class:`~ray_tfrecord.tf.resume.ResumableFeed` that ``fit`` reads) the
+    checkpoint also holds the rows the group has trained on, the rows of completed steps, so that
+    :func:`restore` continues the epoch at the first row no rank has trained on.  Without one, a
+    checkpoint inside an epoch resumes at that epoch's first row.
     """
 
-    def __init__(self, keras_file: bool = True) -> None:
+    def __init__(self, keras_file: bool = True, *, every_n_steps: int | None = None,
+                 feed: ResumableFeed | None = None) -> None:
         super().__init__()
+        if every_n_steps is not None and every_n_steps <= 0:
+            raise ValueError(f"every_n_steps must be positive, got {every_n_steps}")
         self._keras_file = keras_file
+        self._every = every_n_steps
+        self._feed = feed
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        if self._every is not None and (batch + 1) % self._every == 0:
+            self._report(logs, {"epoch": self._epoch, "step": batch + 1}, finished=False)
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
-        metrics = {k: float(v) for k, v in (logs or {}).items()}
-        metrics["epoch"] = epoch
+        self._report(logs, {"epoch": epoch}, finished=True)
+
+    def _report(self, logs: Mapping[str, Any] | None, where: dict[str, int], finished: bool) -> None:
+        metrics: dict[str, Any] = {k: float(v) for k, v in (logs or {}).items()}
+        metrics.update(where)
         with tempfile.TemporaryDirectory() as tmp:
             self.model.save_weights(os.path.join(tmp, _WEIGHTS))
             if self._keras_file:
                 self.model.save(os.path.join(tmp, MODEL_FILE))
+            if self._feed is not None:
+                # Keras under MultiWorkerMirroredStrategy cuts each element into one step per replica.
+                replicas = self.model.distribute_strategy.num_replicas_in_sync
+                self._feed.save(tmp, None if finished else where["step"], steps_per_batch=replicas)
             with open(os.path.join(tmp, _STATE), "w") as f:
-                json.dump({"epoch": epoch}, f)
+                json.dump({"epoch": self._epoch if not finished else where["epoch"], "finished": finished}, f)
             rank = ray.train.get_context().get_world_rank()
             checkpoint = ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def restore(model: tf_keras.Model) -> int:
+def restore(model: tf_keras.Model, feed: ResumableFeed | None = None) -> int:
     """Load the latest reported checkpoint into ``model``; return the epoch to start at.
 
     Returns 0 (and leaves ``model`` alone) on a fresh run; after a restart it
-    returns the epoch following the checkpointed one, ready for
-    ``model.fit(..., initial_epoch=restore(model))``.
+    returns the epoch following the checkpointed one, or the checkpointed epoch itself when the
+    checkpoint was taken inside it, ready for ``model.fit(..., initial_epoch=restore(model))``.
+    With ``feed``, the feed continues from the position saved with the weights, so the next pass
+    over ``feed.dataset()`` feeds only the rows no rank has trained on yet.
     """
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
@@ -68,4 +102,13 @@ def restore(model: tf_keras.Model) -> int:
         # expect_partial: the optimizer's slots are restored lazily on its first step.
         model.load_weights(os.path.join(path, _WEIGHTS)).expect_partial()
         with open(os.path.join(path, _STATE)) as f:
-            return json.load(f)["epoch"] + 1
+            state = json.load(f)
+        if feed is not None:
+            if not os.path.exists(os.path.join(path, FEED_FILE)):
+                raise ValueError(
+                    f"the checkpoint {checkpoint.path} holds no feed position (it was reported without a feed); "
+                    "pass the same feed= to ReportCheckpoint and restore, or call restore(model) without feed="
+                )
+            return feed.load(path)
+        # Checkpoints from before every_n_steps= were all taken at an epoch's end.
+        return state["epoch"] + 1 if state.get("finished", True) else state["epoch"]

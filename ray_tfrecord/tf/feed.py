@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -43,7 +43,7 @@ from ray_tfrecord.tf.distribution import PerReplica, check_partial_batches
 from ray_tfrecord.tf.lint import warn_constant_length_lists
 from ray_tfrecord.tf.tensors import ColumnPlan, Tensor, arrow_schema, as_tensor, column_plans
 
-__all__ = ["tf_dataset"]
+__all__ = ["table_batches", "tf_dataset"]
 
 # How much to pull from Ray per generator call (see _Batching.fitting): up to this
 # many rows, and about this many bytes. Variable-length columns are guessed at _VAR_BYTES.
@@ -210,11 +210,15 @@ def _split_batches(tensors: dict[str, Tensor], batch_size: int) -> tf.data.Datas
 
 @tf.autograph.experimental.do_not_convert
 def _model_inputs(
-    tensors: dict[str, Tensor], features: str | Sequence[str], label: str | Sequence[str] | None
+    tensors: dict[str, Tensor], features: str | Sequence[str], label: str | Sequence[str] | None, weight: str | None
 ) -> Any:
-    """``features`` or ``(features, label)``, each one tensor (one name) or a dict."""
+    """``features``, ``(features, label)`` or ``(features, label, weight)``, each one tensor (one name)
+    or a dict."""
     x = _pick(tensors, features)
-    return x if label is None else (x, _pick(tensors, label))
+    if label is None:
+        return x
+    y = _pick(tensors, label)
+    return (x, y) if weight is None else (x, y, tensors[weight])
 
 
 def _pick(tensors: dict[str, Tensor], columns: str | Sequence[str]) -> Tensor | dict[str, Tensor]:
@@ -288,31 +292,55 @@ class _Feed:
 
     def batches(self, batch_size: int, steps: int | None) -> tf.data.Dataset:
         """Elements of ``batch_size`` rows, ``steps`` of them an epoch (None: as many as the data gives)."""
-        batching = _Batching.fitting(self.plans.values(), batch_size, self.shuffle_buffer)
-        packing = _Packing(self.plans)
         iter_options = {
             "prefetch_batches": self.ray_prefetch,
             "local_shuffle_buffer_size": self.shuffle_buffer,
             "local_shuffle_seed": self.shuffle_seed,
         }
-        fetches = _Fetches(self.iterator, batching, self.drop_remainder, steps, iter_options)
-        dataset = tf.data.Dataset.from_generator(
-            functools.partial(self._packed, fetches, packing), output_signature=packing.signature()
-        )
-        dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
-        if batching.fetch_rows > batching.batch_size:
-            dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
-        dataset = dataset.map(functools.partial(_model_inputs, features=self.features, label=self.label))
-        if steps is not None:
-            dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
-        if self.cache:
-            dataset = dataset.cache()
-        return dataset.prefetch(self.tf_prefetch).with_options(_options())
 
-    def _packed(self, fetches: _Fetches, packing: _Packing) -> Iterator[tuple[np.ndarray, ...]]:
-        """One epoch of ``fetches``, decoded when serialized, packed for ``from_generator``."""
-        tables = iter(fetches) if self.decoding is None else map(self.decoding, fetches)
-        return map(packing.pack, tables)
+        def tables(fetch_rows: int) -> Iterable[pa.Table]:
+            fetches = _Fetches(self.iterator, _Batching(batch_size, fetch_rows), self.drop_remainder, steps,
+                               iter_options)
+            return fetches if self.decoding is None else map(self.decoding, fetches)
+
+        return table_batches(tables, self.plans, features=self.features, label=self.label, batch_size=batch_size,
+                             fetch_cap=self.shuffle_buffer, tf_prefetch=self.tf_prefetch, cache=self.cache,
+                             steps=steps)
+
+
+def table_batches(
+    tables: Callable[[int], Iterable[pa.Table]],
+    plans: Mapping[str, ColumnPlan],
+    *,
+    features: str | Sequence[str],
+    label: str | Sequence[str] | None,
+    batch_size: int,
+    weight: str | None = None,
+    fetch_cap: int | None = None,
+    tf_prefetch: int = tf.data.AUTOTUNE,
+    cache: bool = False,
+    steps: int | None = None,
+) -> tf.data.Dataset:
+    """The ``tf.data`` pipeline of every feed: ``tables(fetch_rows)`` gives one epoch of Arrow tables
+    (each a whole number of ``batch_size``-row batches, ``fetch_rows`` rows or fewer) per call;
+    their columns become tensors as ``plans`` say, in elements of ``batch_size`` rows:
+    ``features``, ``(features, label)``, or with ``weight`` (a column name)
+    ``(features, label, weight)``, Keras's sample weights.  ``fetch_cap`` bounds the rows per table
+    (a shuffle buffer cannot hand out more than it holds)."""
+    batching = _Batching.fitting(plans.values(), batch_size, fetch_cap)
+    packing = _Packing(plans)
+    dataset = tf.data.Dataset.from_generator(
+        lambda: map(packing.pack, tables(batching.fetch_rows)), output_signature=packing.signature()
+    )
+    dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
+    if batching.fetch_rows > batching.batch_size:
+        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
+    dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label, weight=weight))
+    if steps is not None:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
+    if cache:
+        dataset = dataset.cache()
+    return dataset.prefetch(tf_prefetch).with_options(_options())
 
 
 @overload

@@ -1,0 +1,440 @@
+"""The resumable feed: record-exact splits, a seeded order, and exactly once per epoch across restarts."""
+
+import collections
+import gzip
+import itertools
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+import ray
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ray_tfrecord
+from ray_tfrecord.core.index import build_index, write_index
+from ray_tfrecord.io import splits
+from ray_tfrecord.io.order import Position, assign, epoch_pieces
+from ray_tfrecord.io.splits import plan_splits
+from ray_tfrecord.tf.resume import ResumableFeed
+
+pytestmark = pytest.mark.timeout(300)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 2)), ("y", pa.float32())])
+ROWS = 300
+
+
+def _example(i: int) -> bytes:
+    x = [((i * 7919) % 100) / 100.0, ((i * 104729) % 100) / 100.0]
+    return tf.train.Example(features=tf.train.Features(feature={
+        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[2 * x[0] - x[1]])),
+    })).SerializeToString()
+
+
+def _write_tf(directory, rows: int = ROWS, files: int = 3, compress_last: bool = False) -> str:
+    """Files written by TensorFlow's own writer (no index sidecars): ids 0..rows-1."""
+    os.makedirs(directory, exist_ok=True)
+    bounds = np.linspace(0, rows, files + 1).astype(int)
+    for f, (a, b) in enumerate(itertools.pairwise(bounds)):
+        gz = compress_last and f == files - 1
+        options = tf.io.TFRecordOptions(compression_type="GZIP") if gz else None
+        with tf.io.TFRecordWriter(os.path.join(directory, f"part-{f}.tfrecord"), options) as w:
+            for i in range(a, b):
+                w.write(_example(i))
+    return str(directory)
+
+
+def _epoch(feeds: list[ResumableFeed], dataset=None) -> list[list[tuple[int, float]]]:
+    """One pass of each rank's feed: (id, weight) per row, in order."""
+    out = []
+    for feed in feeds:
+        rows = []
+        for _, y_ids, w in feed.dataset():
+            rows += zip(y_ids.numpy().tolist(), w.numpy().tolist(), strict=True)
+        out.append(rows)
+    return out
+
+
+def _feeds(plan, world: int, seed: int = 3, batch_size: int = 16, **kw) -> list[ResumableFeed]:
+    return [ResumableFeed(plan, features="x", label="id", batch_size=batch_size, seed=seed, rank=r,
+                          world_size=world, **kw) for r in range(world)]
+
+
+# --- the order, as arithmetic ---------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(1, 5), st.integers(1, 9),
+       st.integers(0, 3), st.integers(1, 5), st.data())
+def test_a_restart_at_any_step_with_any_group_feeds_each_row_once(split_rows, world, batch, seed, world_after, data):
+    total = sum(split_rows)
+    if total == 0:
+        return
+    first = assign(epoch_pieces(split_rows, seed, 0), world, batch)
+    lengths = {sum(hi - lo for (_, lo, hi), _ in first.pieces(r, first.shares[0])) for r in range(world)}
+    assert lengths == {first.steps * batch}  # equal batches on every rank, padding included
+    steps = data.draw(st.integers(0, first.steps))
+    rest = Position(0).after(first, steps, batch)
+    trained = collections.Counter()
+    for share in first.shares:  # the rows of the completed steps, padding aside
+        left = steps * batch
+        for s, lo, hi in share:
+            take = min(left, hi - lo)
+            trained.update((s, k) for k in range(lo, lo + take))
+            left -= take
+    if rest.epoch == 0:
+        second = assign(list(rest.pieces), world_after, batch)
+        for share in second.shares:
+            trained.update((s, k) for s, lo, hi in share for k in range(lo, hi))
+    else:
+        assert steps * batch * world >= total
+    assert trained == collections.Counter((s, k) for s, n in enumerate(split_rows) for k in range(n))
+    assert Position.from_json(json.loads(json.dumps(rest.to_json()))) == rest
+
+
+def test_positions_outside_the_epoch_are_refused():
+    a = assign([(0, 0, 10)], 2, 2)
+    with pytest.raises(ValueError, match="outside this epoch's 3 steps of 2 rows"):
+        Position(0).after(a, 4, 2)
+
+
+# --- splits ----------------------------------------------------------------------------------------
+
+def test_splits_are_record_exact_with_an_index_a_scan_or_a_compressed_file(ray_local, tmp_path, monkeypatch):
+    unindexed = _write_tf(tmp_path / "tf", compress_last=True)
+    plan = plan_splits(unindexed, schema=SCHEMA, split_bytes=2048)
+    gz = [s for s in plan.splits if s.end is None]
+    assert len(gz) == 1 and gz[0].path.endswith("part-2.tfrecord") and gz[0].rows == ROWS - 200
+    assert len(plan.splits) > 6 and plan.rows == ROWS
+    # Current sidecars give the same boundaries without a scan (written finer than the writer's
+    # 256 KiB spacing, which would leave files this small whole).
+    indexed = tmp_path / "indexed"
+    indexed.mkdir()
+    fs = pafs.LocalFileSystem()
+    for name in ("part-0.tfrecord", "part-1.tfrecord"):
+        shutil.copy(os.path.join(unindexed, name), indexed / name)
+        write_index(fs, str(indexed / name), build_index(fs, str(indexed / name), spacing_bytes=256))
+    monkeypatch.setattr(splits, "build_index", None)  # a scan would fail
+    by_index = plan_splits(str(indexed), schema=SCHEMA, split_bytes=2048)
+    assert [(s.start, s.end, s.rows) for s in by_index.splits] == [
+        (s.start, s.end, s.rows) for s in plan.splits if s.end is not None]
+    whole = str(tmp_path / "written")
+    ray_tfrecord.write_tfrecords(ray_tfrecord.read_tfrecords(unindexed, schema=SCHEMA), whole)
+    assert plan_splits(whole).rows == ROWS  # the schema the writer recorded
+    # What the feed reads is what TensorFlow parses, row for row.
+    parsed = {}
+    for path in sorted(os.listdir(unindexed)):
+        kind = "GZIP" if path.endswith("2.tfrecord") else ""
+        for record in tf.data.TFRecordDataset(os.path.join(unindexed, path), compression_type=kind):
+            example = tf.io.parse_single_example(record, {"id": tf.io.FixedLenFeature([], tf.int64),
+                                                          "x": tf.io.FixedLenFeature([2], tf.float32)})
+            parsed[int(example["id"])] = example["x"].numpy().tolist()
+    (feed,) = _feeds(plan, 1, shuffle=False, batch_size=32)
+    seen = {}
+    for x, ids, w in feed.dataset():
+        for i, row, weight in zip(ids.numpy(), x.numpy().tolist(), w.numpy(), strict=True):
+            if weight:
+                seen[int(i)] = row
+    assert seen == parsed
+
+
+def test_a_file_changed_since_planning_is_named(ray_local, tmp_path):
+    directory = _write_tf(tmp_path / "tf", files=1)
+    plan = plan_splits(directory, schema=SCHEMA)
+    with tf.io.TFRecordWriter(os.path.join(directory, "part-0.tfrecord")) as w:
+        for i in range(10):
+            w.write(_example(i))
+    (feed,) = _feeds(plan, 1)
+    with pytest.raises(Exception, match="the file changed since plan_splits ran: plan again"):
+        _epoch([feed])
+
+
+# --- the feed, without Ray Train ---------------------------------------------------------------------
+
+def test_the_same_seed_feeds_each_rank_the_same_rows_in_the_same_order(ray_local, tmp_path):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    first, again, other = _epoch(_feeds(plan, 2, seed=3)), _epoch(_feeds(plan, 2, seed=3)), _epoch(_feeds(plan, 2, 4))
+    assert first == again
+    assert [ids for ids in first] != [ids for ids in other]
+    for rows in (first, other):
+        trained = sorted(i for rank in rows for i, w in rank if w)
+        assert trained == list(range(ROWS))
+        assert len(rows[0]) == len(rows[1]) == 160  # 150 rows a rank, 10 of padding, 10 steps of 16
+    # A seed's later epochs differ from its first.
+    feeds = _feeds(plan, 2, seed=3)
+    _epoch(feeds)
+    assert _epoch(feeds) != first
+
+
+def test_a_saved_position_resumes_with_another_worker_count(ray_local, tmp_path):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    before = _feeds(plan, 2)
+    trained = []
+    for feed in before:  # 4 completed steps on each rank, then the group fails
+        for _, ids, w in itertools.islice(feed.dataset(), 4):
+            trained += [i for i, wt in zip(ids.numpy(), w.numpy(), strict=True) if wt]
+    before[0].save(str(tmp_path), 4)
+    after = _feeds(plan, 3)
+    assert {feed.load(str(tmp_path)) for feed in after} == {0}
+    trained += [i for rank in _epoch(after) for i, w in rank if w]
+    assert sorted(trained) == list(range(ROWS))
+    assert {feed.position(None) for feed in after} == {Position(1)}
+    wrong = _feeds(plan, 1, seed=99)[0]
+    with pytest.raises(ValueError, match="saved by a feed of seed=3.*pass the same seed= and plan"):
+        wrong.load(str(tmp_path))
+
+
+def test_gzip_needs_no_index(ray_local, tmp_path):
+    path = tmp_path / "one.tfrecord.gz"
+    with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type="GZIP")) as w:
+        for i in range(40):
+            w.write(_example(i))
+    assert gzip.open(path).read(1)  # really GZIP
+    plan = plan_splits(str(path), schema=SCHEMA)
+    assert [(s.start, s.end, s.rows) for s in plan.splits] == [(0, None, 40)]
+    (rows,) = _epoch(_feeds(plan, 1, batch_size=7))
+    assert sorted(i for i, w in rows if w) == list(range(40)) and len(rows) == 42
+
+
+# --- Ray Train: a worker dies mid-epoch, the group restarts ------------------------------------------
+# Each rank keeps the ids of its completed steps (weight 1 only) and writes them to its file when a
+# checkpoint is reported: rows trained after the last checkpoint are lost with the worker's model,
+# so they must be fed again, and only they. Rank 1 exits once at a step of epoch 1 that no checkpoint
+# ends (a marker file stops the restarted rank from exiting again). It first waits out Ray Train's
+# poll of the workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s): a report counts once the
+# controller has taken it, and a failure before that resumes from the checkpoint before, weights
+# and position together, so the rows since that one are rightly fed again but were logged here.
+
+EPOCHS, BATCH, EVERY = 2, 16, 4
+
+
+def _ids_log(config, rank: int):
+    def flush(pending: list, epoch: int) -> None:
+        with open(os.path.join(config["log"], f"rank{rank}.txt"), "a") as f:
+            f.writelines(f"{epoch} {i}\n" for i in pending)
+        pending.clear()
+
+    return flush
+
+
+def _die_once(config, rank: int, epoch: int, step: int) -> None:
+    """Rank 1 exits at ``die_at`` of epoch 1, once; with ``node_dies``, it names its node in the marker
+    and waits there for the test to remove the node."""
+    marker = os.path.join(config["log"], "died")
+    if (epoch, step, rank) != (1, config["die_at"], 1) or os.path.exists(marker):
+        return
+    with open(marker, "w") as f:
+        f.write(ray.get_runtime_context().get_node_id())
+    time.sleep(600 if config.get("node_dies") else 8)
+    os._exit(1)
+
+
+def _custom_loop(config):
+    import tempfile
+
+    import ray.train
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = ray.train.get_context().get_world_rank()
+    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    with strategy.scope():
+        dense = tf.keras.layers.Dense(1)
+        dense.build((None, 2))
+        optimizer = tf.keras.optimizers.SGD(0.1)
+    start, checkpoint = 0, ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            start = feed.load(directory)
+            dense.set_weights(np.load(os.path.join(directory, "weights.npy"), allow_pickle=True))
+
+    @tf.function
+    def train_step(x, y, w):
+        def replica(x, y, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / BATCH
+            optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
+
+        strategy.run(replica, args=(x, y, w))
+
+    def report(epoch: int, steps: int | None) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            feed.save(directory, steps)
+            np.save(os.path.join(directory, "weights.npy"), np.array(dense.get_weights(), dtype=object))
+            ray.train.report({"epoch": epoch}, checkpoint=ray.train.Checkpoint.from_directory(directory)
+                             if rank == 0 else None)
+
+    flush, pending = _ids_log(config, rank), []
+    for epoch in range(start, EPOCHS):
+        for step, (x, y, w) in enumerate(feed.dataset(), 1):
+            _die_once(config, rank, epoch, step)
+            train_step(x["x"], y, w)
+            pending += x["id"].numpy()[w.numpy() > 0].tolist()
+            if step % EVERY == 0:
+                report(epoch, step)
+                flush(pending, epoch)
+        report(epoch, None)
+        flush(pending, epoch)
+
+
+class _IdModel(tf.keras.Model):
+    """One Dense layer on ``x``; its train step also hands ``note`` the ids it trains on (weight > 0)."""
+
+    def __init__(self, note) -> None:
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(1)
+        self.note = note  # a function: Keras would track a list attribute, and refuse to save it
+
+    def call(self, inputs):
+        return self.dense(inputs["x"])
+
+    def train_step(self, data):
+        x, _, w = data
+        tf.py_function(lambda ids, weights: self.note(ids.numpy()[weights.numpy() > 0].tolist()), [x["id"], w], [])
+        return super().train_step(data)
+
+
+def _keras_loop(config):
+    import ray.train
+
+    from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = ray.train.get_context().get_world_rank()
+    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    pending: list = []
+    with strategy.scope():
+        model = _IdModel(pending.extend)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    flush = _ids_log(config, rank)
+
+    class Log(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            _die_once(config, rank, self.epoch, batch + 1)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):  # after ReportCheckpoint's report
+            if (batch + 1) % EVERY == 0:
+                flush(pending, self.epoch)
+
+        def on_epoch_end(self, epoch, logs=None):
+            flush(pending, epoch)
+
+    start = restore(model, feed)
+    checkpoints = ReportCheckpoint(keras_file=False, every_n_steps=EVERY, feed=feed)
+    for epoch in range(start, EPOCHS):  # one fit per epoch: a resumed epoch is shorter
+        model.fit(feed.dataset(), epochs=epoch + 1, initial_epoch=epoch, callbacks=[checkpoints, Log()], verbose=0)
+
+
+def _train(loop, config, tmp_path, workers: int, max_failures: int):
+    from ray_tfrecord.tf.train import tensorflow_trainer
+
+    return tensorflow_trainer(loop, datasets={}, num_workers=workers, cpus_per_worker=0.5, train_loop_config=config,
+                              storage_path=str(tmp_path / "runs"), name="resume", max_failures=max_failures).fit()
+
+
+def _trained_once_per_epoch(log_dir) -> None:
+    per_epoch = collections.defaultdict(collections.Counter)
+    for name in os.listdir(log_dir):
+        if name.startswith("rank"):
+            for line in open(os.path.join(log_dir, name)):
+                epoch, i = map(int, line.split())
+                per_epoch[epoch][i] += 1
+    assert os.path.exists(os.path.join(log_dir, "died"))
+    assert sorted(per_epoch) == list(range(EPOCHS))
+    for epoch, counts in per_epoch.items():
+        assert counts == collections.Counter(range(ROWS)), (epoch, {i: n for i, n in counts.items() if n != 1})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("loop", "die_at"), [(_custom_loop, 7), (_keras_loop, 11)], ids=["custom_loop", "keras_fit"])
+def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, tmp_path, loop, die_at):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    (tmp_path / "log").mkdir()
+    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": die_at}
+    _train(loop, config, tmp_path, workers=2, max_failures=1)
+    _trained_once_per_epoch(tmp_path / "log")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_group_of_another_size_continues_the_epoch(ray_local, tmp_path):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    (tmp_path / "log").mkdir()
+    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": 7}
+    with pytest.raises(Exception):  # noqa: B017, PT011  (Ray Train's error type varies by version)
+        _train(_custom_loop, config, tmp_path, workers=2, max_failures=0)
+    _train(_custom_loop, config, tmp_path, workers=1, max_failures=0)  # same name: resumes
+    _trained_once_per_epoch(tmp_path / "log")
+
+
+_CLUSTER = """
+import os, sys, time
+import ray
+from ray.cluster_utils import Cluster
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.tensorflow import TensorflowTrainer
+
+from ray_tfrecord.io.splits import plan_splits
+from ray_tfrecord.tf.train import WORKER_ENV_VARS
+from tests.test_resume import SCHEMA, _custom_loop
+
+tmp = sys.argv[1]
+# One training worker per node ("slot"), a spare node for the restart, none on the head; each node
+# keeps a whole CPU for read tasks (they ask for 1).
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+nodes = [cluster.add_node(num_cpus=2, resources={"slot": 1}) for _ in range(3)]
+ray.init(address=cluster.address, log_to_driver=False)
+plan = plan_splits(os.path.join(tmp, "tf"), schema=SCHEMA, split_bytes=2048)
+config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "node_dies": True}
+env = {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+trainer = TensorflowTrainer(
+    _custom_loop, train_loop_config=config,
+    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "slot": 1}),
+    run_config=RunConfig(storage_path=os.path.join(tmp, "runs"), name="node",
+                         failure_config=FailureConfig(max_failures=1), worker_runtime_env={"env_vars": env}))
+
+
+def remove_when_reached():
+    marker = os.path.join(tmp, "log", "died")
+    while not os.path.exists(marker) or not open(marker).read():
+        time.sleep(0.2)
+    time.sleep(5)  # Ray Train takes the step-4 report on its next poll (2 s)
+    doomed = next(n for n in nodes if n.node_id == open(marker).read())
+    cluster.remove_node(doomed, allow_graceful=False)
+
+
+import threading
+threading.Thread(target=remove_when_reached, daemon=True).start()
+trainer.fit()
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_removed_node_resumes_mid_epoch(tmp_path):
+    """A simulated cluster, one training worker on each of two nodes and a spare; the node of rank 1
+    is removed at step 7 of epoch 1. Its own Ray cluster, so in a process of its own."""
+    import subprocess
+    import sys
+
+    _write_tf(tmp_path / "tf")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "cluster.py").write_text(_CLUSTER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), "RAY_ADDRESS": ""}
+    run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(tmp_path)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=850)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    _trained_once_per_epoch(tmp_path / "log")
