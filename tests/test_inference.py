@@ -4,11 +4,11 @@ import logging
 import warnings
 from pathlib import Path
 
+import keras
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import keras
 import ray
 import tensorflow as tf
 import tf_keras
@@ -60,7 +60,7 @@ def test_predictions_match_the_model_row_for_row(ray_local, tmp_path, kind):
         # tf-keras cannot load a Keras 3 file: this passes only if predict picks Keras 3. A path-like path.
         path = tmp_path / "model.keras"
         model.save(path)
-        with pytest.raises(Exception):
+        with pytest.raises(TypeError):
             tf_keras.models.load_model(path, compile=False)
     else:
         path = str(tmp_path / "saved")
@@ -181,7 +181,8 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
     ds = ray_tfrecord.read_tfrecords(records, schema=schema)
     out = predict(ds, path, features="x", key_columns=["id"], defaults={"x": default}, batch_size=16, num_cpus=0.5)
     got = pa.concat_tables(ray.get(out.to_arrow_refs())).sort_by("id")
-    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64),
+            "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
     parsed = tf.io.parse_example(next(iter(tf.data.TFRecordDataset(records).batch(40))), spec)
     assert got.column("id").to_pylist() == parsed["id"].numpy().tolist()
     preds = np.asarray(got.column("prediction").combine_chunks().flatten()).reshape(-1, 3)
@@ -196,9 +197,12 @@ def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
 
     _dense_model().save(tmp_path / "tf_keras.keras")
     _keras3_dense_model().save(tmp_path / "keras3.keras")
+    # tf-keras saves model.keras as HDF5 under MultiWorkerMirroredStrategy (ReportCheckpoint's file).
+    _dense_model().save(tmp_path / "h5.h5")
+    (tmp_path / "h5.h5").rename(tmp_path / "h5.keras")
     (tmp_path / "text.keras").write_text("not a zip")
     tf.saved_model.save(_dense_model(), str(tmp_path / "saved"))
-    assert [_keras_generation(str(tmp_path / name)) for name in ("tf_keras.keras", "keras3.keras", "saved")] == [
-        2, 3, None]
+    names = ("tf_keras.keras", "keras3.keras", "h5.keras", "saved")
+    assert [_keras_generation(str(tmp_path / name)) for name in names] == [2, 3, 2, None]
     with pytest.raises(ValueError, match=r"text.keras: not a Keras .keras file \(File is not a zip file\)"):
         _keras_generation(str(tmp_path / "text.keras"))

@@ -1,7 +1,6 @@
 """Keras 3 (TensorFlow backend) with the feed and the trainer, and the check that keeps each worker's
 ``tf.keras`` the Keras ``tensorflow_trainer(keras=)`` asked for."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -122,13 +121,14 @@ def _custom_loop(config):
                    for _ in range(steps)) / steps
         metrics = {"epoch": epoch, "loss": loss, "accuracy": float(accuracy.result()), "tf_keras": tf.keras.__name__,
                    "weights": float(sum(np.sum(w) for w in model.get_weights()))}
+        rank = ray.train.get_context().get_world_rank()
+        with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
+            json.dump(metrics, f)
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
-            if ray.train.get_context().get_world_rank() == 0:
+            if rank == 0:
                 model.save(os.path.join(tmp, "model.keras"))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            with open(os.path.join(config["log_dir"], f"rank{ray.train.get_context().get_world_rank()}.json"), "w") as f:
-                json.dump(metrics, f)
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
@@ -181,8 +181,7 @@ def test_check_names_the_fix_for_each_mismatch(monkeypatch):
     _check_worker_keras(3)
     with pytest.raises(KerasVersionError, match=r"tf.keras on this worker is Keras 3\.\d+\.\d+, not tf-keras"):
         _check_worker_keras(2)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "tf_keras", None)  # what `import tf_keras` does without the package
     with pytest.raises(KerasVersionError) as missing:
         _check_worker_keras(2)
     assert str(missing.value) == (
@@ -190,6 +189,15 @@ def test_check_names_the_fix_for_each_mismatch(monkeypatch):
         "Keras 3 model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); pip install tf-keras "
         "on every node, or pass keras=3 and train with a custom loop"
     )
+
+
+def test_the_trainer_imports_without_tf_keras():
+    # A worker without tf_keras unpickles the checked training function, so it can raise KerasVersionError.
+    code = "import sys; sys.modules['tf_keras'] = None; import ray_tfrecord.tf.train"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_keras_keyword_sets_the_worker_switch_and_is_checked(ray_local, monkeypatch):

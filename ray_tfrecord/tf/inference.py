@@ -33,15 +33,21 @@ from ray_tfrecord.io.datasink import write_tfrecords
 
 __all__ = ["inference", "predict"]
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
 
 def _keras_generation(model_path: str) -> int | None:
     """The Keras that wrote ``model_path``: 3 (Keras 3), 2 (tf-keras), None (a plain SavedModel).
 
-    A ``.keras`` file is a zip whose ``metadata.json`` records the writer's ``keras_version``
-    (tf-keras writes ``2.x``); ``.h5`` files and SavedModel directories with ``keras_metadata.pb``
-    are tf-keras formats.
+    A ``.keras`` zip records its writer's ``keras_version`` in ``metadata.json`` (tf-keras
+    writes ``2.x``); tf-keras writes HDF5 under that name inside a distribution strategy (what
+    ``ReportCheckpoint`` saves under ``MultiWorkerMirroredStrategy``); ``.h5`` files and SavedModel
+    directories with ``keras_metadata.pb`` are tf-keras formats.
     """
-    if model_path.endswith(".keras"):
+    if model_path.endswith(".keras") and os.path.isfile(model_path):
+        with open(model_path, "rb") as f:
+            if f.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE:
+                return 2
         try:
             with zipfile.ZipFile(model_path) as archive:
                 version = str(json.loads(archive.read("metadata.json"))["keras_version"])
@@ -51,7 +57,7 @@ def _keras_generation(model_path: str) -> int | None:
                 "or a SavedModel directory"
             ) from e
         return 3 if int(version.split(".")[0]) >= 3 else 2
-    if model_path.endswith(".h5") or os.path.exists(os.path.join(model_path, "keras_metadata.pb")):
+    if model_path.endswith((".keras", ".h5")) or os.path.exists(os.path.join(model_path, "keras_metadata.pb")):
         return 2
     return None
 

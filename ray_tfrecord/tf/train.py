@@ -50,7 +50,6 @@ Example (run with ``python example.py``)::
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -234,7 +233,7 @@ def _checked_loop(loop: Callable[..., None], keras: int) -> Callable[..., None]:
 
 def _check_worker_keras(keras: int) -> None:
     """Raise KerasVersionError, naming the fix, unless ``tf.keras`` here is tf-keras (2) or Keras 3 (3)."""
-    if keras == 2 and importlib.util.find_spec("tf_keras") is None:
+    if keras == 2 and not _tf_keras_installed():
         raise KerasVersionError(
             f"tensorflow_trainer(keras=2): tf_keras is not installed on this worker, so tf.keras would be "
             f"Keras 3, and {_KERAS_ISSUE}; pip install tf-keras on every node, or pass keras=3 and train "
@@ -254,6 +253,14 @@ def _check_worker_keras(keras: int) -> None:
             "tensorflow_trainer(keras=3): tf.keras on this worker is tf-keras (TF_USE_LEGACY_KERAS was 1 when "
             "TensorFlow was imported); drop TF_USE_LEGACY_KERAS from env_vars=, or pass keras=2 for tf-keras"
         )
+
+
+def _tf_keras_installed() -> bool:
+    try:
+        import_module("tf_keras")  # tf.keras has imported it already wherever it is installed
+    except ImportError:
+        return False
+    return True
 
 
 def _check_cpus_left_for_reads(num_workers: int, cpus_per_worker: float) -> None:
