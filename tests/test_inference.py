@@ -2,7 +2,9 @@
 
 import logging
 import warnings
+from pathlib import Path
 
+import keras
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,17 +39,29 @@ def _dense_model() -> tf_keras.Model:
     return tf_keras.Model(inputs, tf_keras.layers.Dense(3)(inputs))
 
 
+def _keras3_dense_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,), name="x")
+    return keras.Model(inputs, keras.layers.Dense(3)(inputs))
+
+
 def _expected(model, table: pa.Table) -> np.ndarray:
     x = np.asarray(table.column("x").combine_chunks().flatten()).reshape(-1, 5)
     return model.predict(x, verbose=0)
 
 
-@pytest.mark.parametrize("kind", ["keras", "savedmodel"])
+@pytest.mark.parametrize("kind", ["keras", "keras3", "savedmodel"])
 def test_predictions_match_the_model_row_for_row(ray_local, tmp_path, kind):
-    model, table = _dense_model(), _table()
+    model, table = (_keras3_dense_model() if kind == "keras3" else _dense_model()), _table()
     if kind == "keras":
         path = str(tmp_path / "model.keras")
         model.save(path)
+    elif kind == "keras3":
+        # tf-keras cannot load a Keras 3 file: this passes only if predict picks Keras 3. A path-like path.
+        path = tmp_path / "model.keras"
+        model.save(path)
+        with pytest.raises(TypeError):
+            tf_keras.models.load_model(path, compile=False)
     else:
         path = str(tmp_path / "saved")
         tf.saved_model.save(model, path)
@@ -98,8 +112,8 @@ def test_inference_writes_one_row_per_input(ray_local, tmp_path, output_format):
     schema = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 5)), ("tokens", pa.list_(pa.int64()))])
     ds = ray_tfrecord.read_tfrecords(str(src), schema=schema)
     out = tmp_path / "out"
-    inference(
-        ds, path, str(out), features="x", key_columns=["id"], output_format=output_format, batch_size=20, num_cpus=0.5
+    inference(  # path-like paths
+        ds, Path(path), out, features="x", key_columns=["id"], output_format=output_format, batch_size=20, num_cpus=0.5
     )
     if output_format == "tfrecord":
         # Cross-check with TensorFlow's own reader, not ours.
@@ -167,7 +181,8 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
     ds = ray_tfrecord.read_tfrecords(records, schema=schema)
     out = predict(ds, path, features="x", key_columns=["id"], defaults={"x": default}, batch_size=16, num_cpus=0.5)
     got = pa.concat_tables(ray.get(out.to_arrow_refs())).sort_by("id")
-    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64),
+            "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
     parsed = tf.io.parse_example(next(iter(tf.data.TFRecordDataset(records).batch(40))), spec)
     assert got.column("id").to_pylist() == parsed["id"].numpy().tolist()
     preds = np.asarray(got.column("prediction").combine_chunks().flatten()).reshape(-1, 3)
@@ -175,3 +190,19 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
     # A default of the wrong shape is refused on the driver, before any actor loads the model.
     with pytest.raises(ray_tfrecord.SchemaError, match=r"column 'x': defaults=\{'x': \[0.0\]\}: it has shape \(1,\)"):
         predict(ds, path, features="x", key_columns=["id"], defaults={"x": [0.0]})
+
+
+def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
+    from ray_tfrecord.tf.inference import _keras_generation
+
+    _dense_model().save(tmp_path / "tf_keras.keras")
+    _keras3_dense_model().save(tmp_path / "keras3.keras")
+    # tf-keras saves model.keras as HDF5 under MultiWorkerMirroredStrategy (ReportCheckpoint's file).
+    _dense_model().save(tmp_path / "h5.h5")
+    (tmp_path / "h5.h5").rename(tmp_path / "h5.keras")
+    (tmp_path / "text.keras").write_text("not a zip")
+    tf.saved_model.save(_dense_model(), str(tmp_path / "saved"))
+    names = ("tf_keras.keras", "keras3.keras", "h5.keras", "saved")
+    assert [_keras_generation(str(tmp_path / name)) for name in names] == [2, 3, 2, None]
+    with pytest.raises(ValueError, match=r"text.keras: not a Keras .keras file \(File is not a zip file\)"):
+        _keras_generation(str(tmp_path / "text.keras"))

@@ -18,7 +18,9 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -30,6 +32,34 @@ from ray_tfrecord.core import options
 from ray_tfrecord.io.datasink import write_tfrecords
 
 __all__ = ["inference", "predict"]
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _keras_generation(model_path: str) -> int | None:
+    """The Keras that wrote ``model_path``: 3 (Keras 3), 2 (tf-keras), None (a plain SavedModel).
+
+    A ``.keras`` zip records its writer's ``keras_version`` in ``metadata.json`` (tf-keras
+    writes ``2.x``); tf-keras writes HDF5 under that name inside a distribution strategy (what
+    ``ReportCheckpoint`` saves under ``MultiWorkerMirroredStrategy``); ``.h5`` files and SavedModel
+    directories with ``keras_metadata.pb`` are tf-keras formats.
+    """
+    if model_path.endswith(".keras") and os.path.isfile(model_path):
+        with open(model_path, "rb") as f:
+            if f.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE:
+                return 2
+        try:
+            with zipfile.ZipFile(model_path) as archive:
+                version = str(json.loads(archive.read("metadata.json"))["keras_version"])
+        except (zipfile.BadZipFile, KeyError, ValueError) as e:
+            raise ValueError(
+                f"{model_path}: not a Keras .keras file ({e}); pass a file saved with model.save(...keras) "
+                "or a SavedModel directory"
+            ) from e
+        return 3 if int(version.split(".")[0]) >= 3 else 2
+    if model_path.endswith((".keras", ".h5")) or os.path.exists(os.path.join(model_path, "keras_metadata.pb")):
+        return 2
+    return None
 
 
 def _prediction_column(outputs: np.ndarray) -> pa.Array:
@@ -55,7 +85,6 @@ class _Predictor:
         defaults: Mapping[str, Any] | None,
     ) -> None:
         import tensorflow as tf
-        import tf_keras
 
         from ray_tfrecord.tf.tensors import tensors_from_arrow
 
@@ -64,11 +93,18 @@ class _Predictor:
         self._features = features
         self._key_columns = list(key_columns)
         self._output_column = output_column
-        is_keras = model_path.endswith((".keras", ".h5")) or os.path.exists(
-            os.path.join(model_path, "keras_metadata.pb")
-        )
-        if is_keras:
-            model = tf_keras.models.load_model(model_path, compile=False)
+        keras = _keras_generation(model_path)
+        if keras is not None:
+            # Each Keras loads only its own files: tf-keras refuses Keras 3 configs, and Keras 3
+            # does not rebuild every tf-keras model (ragged inputs, Lambda layers).
+            if keras == 3:
+                import keras as keras3
+
+                model = keras3.saving.load_model(model_path, compile=False)
+            else:
+                import tf_keras
+
+                model = tf_keras.models.load_model(model_path, compile=False)
             self._call = lambda inputs: model(inputs, training=False)
         else:
             signature = tf.saved_model.load(model_path).signatures["serving_default"]
@@ -99,7 +135,7 @@ class _Predictor:
 
 def predict(
     ds: Dataset,
-    model_path: str,
+    model_path: str | os.PathLike[str],
     *,
     features: str | Sequence[str],
     key_columns: Sequence[str],
@@ -114,11 +150,12 @@ def predict(
 
     Args:
         ds: Input rows, e.g. from ``ray_tfrecord.read_tfrecords``.
-        model_path: A Keras file (``.keras``/``.h5``) or Keras SavedModel
-            directory written by ``tf-keras`` (what Ray Train's TensorFlow
-            backend uses; :data:`ray_tfrecord.tf.train.MODEL_FILE` in a checkpoint
-            is one), or any TensorFlow SavedModel with a single-output
-            ``serving_default`` signature.
+        model_path: A ``.keras`` file written by Keras 3 or by ``tf-keras``
+            (each is loaded by the Keras its ``metadata.json`` names;
+            :data:`ray_tfrecord.tf.train.MODEL_FILE` in a checkpoint is one), a
+            tf-keras ``.h5`` file or Keras SavedModel directory, or any TensorFlow
+            SavedModel with a single-output ``serving_default`` signature; a
+            string or path-like.
         features: Model input column(s), converted as
             :func:`ray_tfrecord.tf.feed.tf_dataset` does (one name: a tensor;
             several: a dict keyed by column, matching named model inputs).
@@ -146,7 +183,7 @@ def predict(
     return ds.map_batches(
         _Predictor,
         fn_constructor_kwargs={
-            "model_path": model_path,
+            "model_path": os.fspath(model_path),
             "features": features,
             "key_columns": list(key_columns),
             "output_column": output_column,
@@ -175,8 +212,8 @@ def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mappin
 
 def inference(
     ds: Dataset,
-    model_path: str,
-    output_path: str,
+    model_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
     *,
     features: str | Sequence[str],
     key_columns: Sequence[str],
@@ -193,7 +230,8 @@ def inference(
 
     ``output_format="tfrecord"`` writes ``tf.train.Example`` records with
     :func:`~ray_tfrecord.io.datasink.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
-    writer.  ``mode`` says what to do when ``output_path`` already has data.
+    writer.  ``mode`` says what to do when ``output_path`` (a string or path-like)
+    already has data.
     """
     mode = options.mode(mode)
     out = predict(
@@ -209,8 +247,8 @@ def inference(
         num_gpus=num_gpus,
     )
     if output_format == "tfrecord":
-        write_tfrecords(out, output_path, mode=mode)
+        write_tfrecords(out, os.fspath(output_path), mode=mode)
     elif output_format == "parquet":
-        out.write_parquet(output_path, mode=SaveMode(mode))
+        out.write_parquet(os.fspath(output_path), mode=SaveMode(mode))
     else:
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")

@@ -9,7 +9,12 @@ Ray's TensorFlow backend sets up ``MultiWorkerMirroredStrategy`` for legacy
 Keras (``tf-keras``), but it sets ``TF_USE_LEGACY_KERAS`` only after the worker
 process may already have imported TensorFlow, where Keras 3 then fails with a
 ``PerReplica`` ValueError.  The trainer built here puts the variable in the
-workers' runtime environment instead, so it is there before any import.
+workers' runtime environment instead, so it is there before any import, and
+checks on every worker, before the training function runs, that ``tf.keras``
+is the Keras asked for (:class:`KerasVersionError` otherwise).  With
+``keras=3`` the workers get Keras 3 instead, for custom training loops:
+Keras 3 ``model.fit`` under ``MultiWorkerMirroredStrategy`` fails
+(keras-team/keras#20585).
 
 Example (run with ``python example.py``)::
 
@@ -44,23 +49,42 @@ Example (run with ``python example.py``)::
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 import ray.train
-from ray.data import Dataset
+from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
-from ray_tfrecord.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
 from ray_tfrecord.tf.lint import warn_constant_length_lists
 
-__all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "ReportCheckpoint", "restore", "tensorflow_trainer"]
+if TYPE_CHECKING:
+    from ray_tfrecord.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
 
-#: Environment every training worker needs before it imports TensorFlow.
+__all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "KerasVersionError", "ReportCheckpoint", "restore", "tensorflow_trainer"]
+
+#: Environment every tf-keras (``keras=2``) training worker needs before it imports TensorFlow.
 WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}
+
+_KERAS_ISSUE = "Keras 3 model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585)"
+
+
+class KerasVersionError(RuntimeError):
+    """A training worker's ``tf.keras`` is not the Keras that ``tensorflow_trainer(keras=)`` asked for."""
+
+
+def __getattr__(name: str) -> Any:
+    # The checkpoint helpers import tf_keras; importing them lazily lets a worker without
+    # tf_keras unpickle the training function and get KerasVersionError, not an ImportError.
+    if name in ("MODEL_FILE", "ReportCheckpoint", "restore"):
+        return getattr(import_module("ray_tfrecord.tf.checkpoint"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # CPUs the cluster must keep free of training workers for the datasets' read
 # tasks: what one Ray Data read task asks for by default.
@@ -80,6 +104,7 @@ def tensorflow_trainer(
     max_failures: int = 0,
     checkpoints_to_keep: int | None = 2,
     env_vars: Mapping[str, str] | None = None,
+    keras: Literal[2, 3] = 2,
 ) -> TensorflowTrainer:
     """A ``TensorflowTrainer`` wired for ``ray_tfrecord`` datasets.
 
@@ -91,10 +116,11 @@ def tensorflow_trainer(
     tensor (Keras ``Dense`` refuses the ragged one); the sample runs the
     pipeline up to its first rows on the driver (only datasets with such
     columns).  Ray is started if it is not running yet, to size the
-    workers against the cluster's CPUs.  Workers get ``TF_USE_LEGACY_KERAS=1``, and
-    TensorFlow's intra- and inter-op thread pools sized to ``cpus_per_worker``
-    (at least 1; ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``), through
-    their runtime environment; ``env_vars`` overrides any of them.
+    workers against the cluster's CPUs.  Workers get ``TF_USE_LEGACY_KERAS``
+    (``1`` for ``keras=2``, ``0`` for ``keras=3``), and TensorFlow's intra- and
+    inter-op thread pools sized to ``cpus_per_worker`` (at least 1;
+    ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``), through their
+    runtime environment; ``env_vars`` overrides any of them.
 
     Args:
         train_loop_per_worker: Runs on every worker with ``train_loop_config``;
@@ -115,48 +141,126 @@ def tensorflow_trainer(
             (``None`` keeps all).
         env_vars: Extra environment variables for the workers (they win over
             the defaults above).
+        keras: Which Keras ``tf.keras`` is on the workers: ``2``, tf-keras, for
+            ``model.fit`` under ``MultiWorkerMirroredStrategy`` and
+            :class:`ReportCheckpoint`; ``3``, Keras 3, for a custom training loop
+            (``strategy.run`` over ``tf_dataset(..., strategy=strategy)``), since
+            Keras 3 ``fit`` fails under that strategy (keras-team/keras#20585).
+            Every worker checks it before ``train_loop_per_worker`` runs and
+            raises :class:`KerasVersionError` naming the fix when it differs.
 
     Raises:
         ValueError: if the workers would reserve so many of the cluster's CPUs
             that less than one CPU remains for the datasets' read
             tasks, which Ray would then never schedule: training would wait
             at its first step forever.  The message names the
-            ``cpus_per_worker`` that fits.
+            ``cpus_per_worker`` that fits.  Also if ``keras`` is not 2 or 3.
     """
+    if keras not in (2, 3):
+        raise ValueError(f"tensorflow_trainer: keras={keras!r}; pass keras=2 (tf-keras) or keras=3 (Keras 3)")
     if datasets:
         _check_cpus_left_for_reads(num_workers, cpus_per_worker)
     for ds in datasets.values():
         warn_constant_length_lists(ds)
     return TensorflowTrainer(
-        train_loop_per_worker,
+        _checked_loop(train_loop_per_worker, keras),
         train_loop_config=dict(train_loop_config or {}),
         scaling_config=ScalingConfig(
             num_workers=num_workers,
             use_gpu=use_gpu,
             resources_per_worker={"CPU": cpus_per_worker},
         ),
-        dataset_config=DataConfig(datasets_to_split="all"),
+        dataset_config=DataConfig(datasets_to_split="all", execution_options=_ingest_options()),
         # worker_runtime_env: ray.train.RunConfig is Train v2's (the default) at runtime, v1's to mypy.
         run_config=RunConfig(  # type: ignore[call-arg]
             name=name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=checkpoints_to_keep),
-            worker_runtime_env={"env_vars": {**_worker_env(cpus_per_worker), **(env_vars or {})}},
+            worker_runtime_env={"env_vars": {**_worker_env(cpus_per_worker, keras), **(env_vars or {})}},
         ),
         datasets=dict(datasets),
     )
 
 
-def _worker_env(cpus_per_worker: float) -> dict[str, str]:
-    """``WORKER_ENV_VARS`` plus TensorFlow's thread pools sized to the worker's CPU share.
+def _worker_env(cpus_per_worker: float, keras: int) -> dict[str, str]:
+    """The Keras switch plus TensorFlow's thread pools sized to the worker's CPU share.
 
     TensorFlow sizes both pools to the whole machine; workers holding a fraction
     of it then contend with each other and with the read tasks they wait on
     (``make bench``, Ray Train, Keras fit on dense columns: 402k -> 527k rows/s).
+    ``TF_USE_LEGACY_KERAS=0`` rather than none for Keras 3: a ``1`` inherited
+    from the nodes' environment would otherwise win.
     """
     threads = str(max(1, math.floor(cpus_per_worker)))
-    return {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
+    legacy = WORKER_ENV_VARS if keras == 2 else {"TF_USE_LEGACY_KERAS": "0"}
+    return {**legacy, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
+
+
+def _ingest_options() -> ExecutionOptions:
+    """Ray Train's default ingest options (``DataConfig.default_ingest_options``), built from the
+    current ``DataContext`` without passing ``exclude_resources`` unless someone set it.
+
+    Ray 2.60's default passes that deprecated property to ``ExecutionOptions()``, whose setter
+    warns ``ExecutionOptions.exclude_resources is deprecated`` from Ray Train's dataset actor
+    in every training run that has datasets; given options, Ray Train uses them instead.
+    """
+    current = DataContext.get_current().execution_options
+    excluded = current.exclude_resources
+    return ExecutionOptions(
+        resource_limits=current.resource_limits,
+        preserve_order=current.preserve_order,
+        verbose_progress=current.verbose_progress,
+        exclude_resources=None if excluded == ExecutionResources.zero() else excluded,
+    )
+
+
+def _checked_loop(loop: Callable[..., None], keras: int) -> Callable[..., None]:
+    """``loop``, after a check that this worker's ``tf.keras`` is ``keras``; Ray Train reads the
+    signature through ``functools.wraps`` and passes the config only if ``loop`` takes one."""
+
+    @functools.wraps(loop)
+    def checked(*config: dict[str, Any]) -> None:
+        if keras == 3:
+            # Ray's TensorFlow backend sets TF_USE_LEGACY_KERAS=1 on every worker after our
+            # runtime environment's 0; anything resolving tf.keras from here on must see 0.
+            os.environ["TF_USE_LEGACY_KERAS"] = "0"
+        _check_worker_keras(keras)
+        loop(*config)
+
+    return checked
+
+
+def _check_worker_keras(keras: int) -> None:
+    """Raise KerasVersionError, naming the fix, unless ``tf.keras`` here is tf-keras (2) or Keras 3 (3)."""
+    if keras == 2 and not _tf_keras_installed():
+        raise KerasVersionError(
+            f"tensorflow_trainer(keras=2): tf_keras is not installed on this worker, so tf.keras would be "
+            f"Keras 3, and {_KERAS_ISSUE}; pip install tf-keras on every node, or pass keras=3 and train "
+            "with a custom loop"
+        )
+    import tensorflow as tf
+
+    legacy = tf.keras.__name__.startswith("tf_keras")
+    if keras == 2 and not legacy:
+        raise KerasVersionError(
+            f"tensorflow_trainer(keras=2): tf.keras on this worker is Keras {tf.keras.__version__}, not tf-keras "
+            f"(TF_USE_LEGACY_KERAS was not 1 when TensorFlow was imported), and {_KERAS_ISSUE}; drop "
+            "TF_USE_LEGACY_KERAS from env_vars=, or pass keras=3 and train with a custom loop"
+        )
+    if keras == 3 and legacy:
+        raise KerasVersionError(
+            "tensorflow_trainer(keras=3): tf.keras on this worker is tf-keras (TF_USE_LEGACY_KERAS was 1 when "
+            "TensorFlow was imported); drop TF_USE_LEGACY_KERAS from env_vars=, or pass keras=2 for tf-keras"
+        )
+
+
+def _tf_keras_installed() -> bool:
+    try:
+        import_module("tf_keras")  # tf.keras has imported it already wherever it is installed
+    except ImportError:
+        return False
+    return True
 
 
 def _check_cpus_left_for_reads(num_workers: int, cpus_per_worker: float) -> None:
