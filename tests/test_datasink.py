@@ -17,7 +17,7 @@ from ray.exceptions import UserCodeException
 
 from ray_tfrecord import SchemaError, TFRecordError, read_tfrecords, write_tfrecords
 from ray_tfrecord.core.index import RecordIndex, build_index, index_path, is_index_path
-from ray_tfrecord.io._compat import TaskContext
+from ray_tfrecord.io.compat import TaskContext
 from ray_tfrecord.io.datasink import TFRecordDatasink
 from ray_tfrecord.io.listing import list_files
 

@@ -22,7 +22,7 @@ import ray_tfrecord
 from ray_tfrecord.cli import _in_cli_terms, _parser, main
 from ray_tfrecord.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
 from ray_tfrecord.core.framing import frame_records
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,7 +65,7 @@ def assert_short(error: BaseException, message: str) -> None:
     assert text.endswith(message), text
     # Ray hides its Ray Data frames around an error it counts as the user's from 2.60 on; before, the task's
     # traceback stays in front of the message (write_tfrecords and the CLI still give the error alone).
-    if _compat.RAY_VERSION >= (2, 60):
+    if compat.RAY_VERSION >= (2, 60):
         assert text.count("\n") < MAX_LINES and len(text) < 800, text
     assert "retried_io_errors" not in text  # Ray's retry advice is not ours to give
 

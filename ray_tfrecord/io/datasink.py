@@ -34,9 +34,9 @@ from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import RecordType, check_encodable
 from ray_tfrecord.core.errors import TFRecordError
-from ray_tfrecord.io import _compat
-from ray_tfrecord.io._compat import SaveMode
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult
+from ray_tfrecord.io.compat import SaveMode
 from ray_tfrecord.io.task_errors import from_task, task_cause
 from ray_tfrecord.io.writers import WriteConfig, write_tables
 
@@ -133,10 +133,10 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
             raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
                             f"{type(filename_provider).__name__}")
         self._unresolved_path = os.fspath(path)
-        paths, fs = _compat.resolve_paths([self._unresolved_path], filesystem)
-        retrying = _compat.retrying_filesystem(fs)
+        paths, fs = compat.resolve_paths([self._unresolved_path], filesystem)
+        retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
-        self.commit = Commit(retrying, paths[0], mode, underlying=_compat.unwrap_filesystem(retrying))
+        self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying))
         self._min_rows_per_file = min_rows_per_file
         self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
@@ -240,17 +240,17 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
 
     @property
     def supports_distributed_writes(self) -> bool:
-        return not _compat.is_local_scheme([self._unresolved_path])
+        return not compat.is_local_scheme([self._unresolved_path])
 
     # -- write tasks ---------------------------------------------------------------------
 
-    def write(self, blocks: Iterable[Block], ctx: _compat.TaskContext) -> dict[str, Any]:
+    def write(self, blocks: Iterable[Block], ctx: compat.TaskContext) -> dict[str, Any]:
         """Write this task's blocks into the staging directory; returns the staged
         files (:class:`~ray_tfrecord.io.commit.StagedFile`) and the record schemas written."""
         if self.commit.skipped:
             return {"files": [], "schemas": []}
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
-        write_uuid = _compat.write_uuid(ctx) or posixpath.basename(self.commit.staging)
+        write_uuid = compat.write_uuid(ctx) or posixpath.basename(self.commit.staging)
         try:
             files, schemas = write_tables(tables, self._config, ctx.task_idx, write_uuid, self.commit.recorded)
         except TFRecordError as e:
@@ -327,13 +327,13 @@ def write_tfrecords(
     # the whole dataset only for the sink to refuse or drop it.
     if sink.commit.apply_mode():
         return TFRecordWriteResult(num_rows=0, skipped=True)
-    if not _compat.RAY_BUNDLES_WRITES_BY_BYTES:
+    if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
         sink._bundle_rows_like_bytes(ds)
     known = ds.schema(fetch_if_missing=False)
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink.check_schema(known.base_schema)  # fail before computing anything
     try:
-        ds.write_datasink(sink, **_compat.ray_call_args(Dataset.write_datasink, given))
+        ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.

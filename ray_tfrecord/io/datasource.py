@@ -46,7 +46,7 @@ from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord.core.schema import infer_schema, read_stored_schema
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.listing import Listing, list_files
 from ray_tfrecord.io.planning import (
     Shuffle,
@@ -168,8 +168,8 @@ class TFRecordDatasource(Datasource):
         check_shuffle(shuffle)
         self._verify_crc = verify_crc
         self._shuffle = shuffle
-        self._supports_distributed = not _compat.is_local_scheme([resolved] if isinstance(resolved, str) else resolved)
-        self._data_context = _compat.data_context()
+        self._supports_distributed = not compat.is_local_scheme([resolved] if isinstance(resolved, str) else resolved)
+        self._data_context = compat.data_context()
 
         self._listing = list_files(
             resolved,
@@ -270,7 +270,7 @@ class TFRecordDatasource(Datasource):
         data_context: DataContext | None = None,
         **_: Any,  # arguments later Ray releases add; Ray 2.50 passes only the first two
     ) -> list[ReadTask]:
-        files = shuffle_files(self._listing.files, self._shuffle, _compat.execution_index(data_context))
+        files = shuffle_files(self._listing.files, self._shuffle, compat.execution_index(data_context))
         target = split_bytes(sum(f.size for f in files), parallelism, sizes.MIN_SPLIT_BYTES)
         ranges = plan_ranges(self._listing.filesystem, files, self._compression, target, self._PLANNING_THREADS)
         config = self._read_config()
@@ -309,7 +309,7 @@ class TFRecordDatasource(Datasource):
         schema = self.output_schema()
         target = self._data_context.target_max_block_size or sizes.TARGET_BLOCK_BYTES
         return ReadConfig(
-            filesystem=_compat.pickleable_filesystem(self._listing.filesystem),
+            filesystem=compat.pickleable_filesystem(self._listing.filesystem),
             record_type=self._record_type,
             schema=schema,
             attached=self._attached & set(schema.names),
@@ -442,14 +442,14 @@ def read_tfrecords(
     )
     if override_num_blocks is None:
         size = datasource.estimate_inmemory_data_size() or 0
-        override_num_blocks = default_read_tasks(size, _compat.data_context().target_max_block_size)
+        override_num_blocks = default_read_tasks(size, compat.data_context().target_max_block_size)
     given = dict(
         override_num_blocks=override_num_blocks, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
         concurrency=concurrency, compute=compute, resources=resources, accelerator_type=accelerator_type,
         runtime_env=runtime_env, label_selector=label_selector, fallback_strategy=fallback_strategy,
         max_calls=max_calls, ray_remote_args=ray_remote_args,
     )
-    return ray.data.read_datasource(datasource, **_compat.ray_call_args(ray.data.read_datasource, given))
+    return ray.data.read_datasource(datasource, **compat.ray_call_args(ray.data.read_datasource, given))
 
 
 def _fspaths(paths: str | os.PathLike | list[str | os.PathLike]) -> str | list[str]:

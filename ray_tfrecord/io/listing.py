@@ -43,7 +43,7 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord.core.layout import is_hidden
-from ray_tfrecord.io import _compat, foreign
+from ray_tfrecord.io import compat, foreign
 from ray_tfrecord.io.globs import Component, Glob, is_glob, parse_glob
 from ray_tfrecord.io.partitioning import PartitionValues, parse_partitions
 
@@ -95,7 +95,7 @@ def list_files(
     ``ignore_missing_paths``; ``ValueError`` when no file is left to read.
     """
     given, fs = _resolve(paths, filesystem)
-    fs = _compat.retrying_filesystem(fs)
+    fs = compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
     foreign.warn_staging(seen.staged)
@@ -113,7 +113,7 @@ def list_files(
                 "Please double check that it is set properly."
             )
     if file_extensions is not None:
-        found = [f for f in found if _compat.has_file_extension(f.path, file_extensions)]
+        found = [f for f in found if compat.has_file_extension(f.path, file_extensions)]
         if not found:
             raise ValueError(f"No input files found with the file extensions {file_extensions}.")
     # Last, so that what the caller's filters leave out is never opened.
@@ -144,7 +144,7 @@ def _resolve(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
     empty URL query) is dropped, which in a glob is a wildcard."""
     raw = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    resolved, fs = _compat.resolve_paths(raw, filesystem)
+    resolved, fs = compat.resolve_paths(raw, filesystem)
     if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
         resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
     return resolved, fs
@@ -320,7 +320,7 @@ def _no_match(glob: Glob, fs: pafs.FileSystem) -> TFRecordError:
 def _current(fs: pafs.FileSystem) -> str:
     """The current directory: pyarrow's local filesystem cannot list or join "", others
     (a ``SubTreeFileSystem``) take "" as their root."""
-    return "." if _compat.unwrap_filesystem(fs).type_name == "local" else ""
+    return "." if compat.unwrap_filesystem(fs).type_name == "local" else ""
 
 
 def _child(directory: str, name: str) -> str:

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
 from ray_tfrecord.core.layout import HIVE_NULL_PARTITION
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 
 __all__ = ["PartitionValues", "hive_directory", "parse_partitions", "split_by_partitions"]
 
@@ -109,7 +109,7 @@ def parse_partitions(
         return pa.schema([]), [()] * len(paths)
     parser = PathPartitionParser(partitioning)
     raw: list[dict[str, Any]] = [parser(p) for p in paths]
-    if partitioning.style == PartitionStyle.HIVE and not _compat.HIVE_PARSER_DECODES:
+    if partitioning.style == PartitionStyle.HIVE and not compat.HIVE_PARSER_DECODES:
         raw = [{k: urllib.parse.unquote(v) if isinstance(v, str) else v for k, v in d.items()} for d in raw]
     names = list(dict.fromkeys(k for d in raw for k in d))
     explicit = partitioning.field_types or {}

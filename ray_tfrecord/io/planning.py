@@ -9,7 +9,7 @@ tasks of about the split size.
 
 Example::
 
-    >>> from ray_tfrecord.io import _compat
+    >>> from ray_tfrecord.io import compat
 from ray_tfrecord.io.listing import DataFile
     >>> from ray_tfrecord.io.planning import FileRange, pack_ranges
     >>> ranges = [FileRange.whole(DataFile(f"f{i}", 10, ())) for i in range(5)]
@@ -33,7 +33,7 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord.core import sizes
 from ray_tfrecord.core.framing import detect_compression
 from ray_tfrecord.core.index import RecordIndex, load_index, read_fingerprint
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.listing import DataFile
 from ray_tfrecord.io.partitioning import PartitionValues
 
@@ -172,7 +172,7 @@ def shuffle_files(files: list[DataFile], shuffle: Shuffle, execution_idx: int) -
     ``shuffle``'s seed gives for this execution (the permutation Ray's readers use)."""
     if shuffle is None:
         return files
-    seed = None if shuffle == "files" else _compat.shuffle_seed(shuffle, execution_idx)
+    seed = None if shuffle == "files" else compat.shuffle_seed(shuffle, execution_idx)
     shuffled = list(files)
     np.random.default_rng(seed).shuffle(shuffled)
     return shuffled

@@ -21,7 +21,7 @@ from ray_tfrecord.core import options
 from ray_tfrecord.core.codec import RecordType, decode
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.core.framing import CorruptionReport, RecordChunk, iter_chunks, open_stream
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.planning import FileRange
 from ray_tfrecord.io.task_errors import from_task
 
@@ -39,7 +39,7 @@ class ReadConfig:
     """Everything a read task needs besides its ranges (kept small: it is pickled
     into every task)."""
 
-    filesystem: Any  # the listing's filesystem, made pickleable (_compat.pickleable_filesystem)
+    filesystem: Any  # the listing's filesystem, made pickleable (compat.pickleable_filesystem)
     record_type: RecordType
     schema: pa.Schema  # the output columns, in order
     attached: frozenset[str]  # output columns taken from the range (partitions, path), not decoded
@@ -60,7 +60,7 @@ def read_ranges(ranges: list[FileRange], config: ReadConfig) -> Callable[[], Ite
     does not carry the whole file list)."""
 
     def read_tfrecord_ranges() -> Iterator[pa.Table]:
-        fs = _compat.unpickled_filesystem(config.filesystem)
+        fs = compat.unpickled_filesystem(config.filesystem)
         record_schema = config.record_schema
         for r in ranges:
             # CorruptionReport.add logs each skipped record; the ledger keeps counts.
@@ -105,5 +105,5 @@ def _to_block(chunk: RecordChunk, r: FileRange, record_schema: pa.Schema, config
     if table.num_columns == 0:
         # Ray counts a column-less table as empty; its stub column keeps the rows
         # (the same idiom as Ray's Parquet reader).
-        table = table.append_column(_compat.ROW_COUNT_STUB_COLUMN, pa.nulls(n))
+        table = table.append_column(compat.ROW_COUNT_STUB_COLUMN, pa.nulls(n))
     return table

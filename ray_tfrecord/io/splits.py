@@ -28,7 +28,7 @@ from ray_tfrecord.core.codec import decode
 from ray_tfrecord.core.framing import iter_chunks, open_stream
 from ray_tfrecord.core.index import build_index
 from ray_tfrecord.core.schema import read_stored_schema
-from ray_tfrecord.io import _compat
+from ray_tfrecord.io import compat
 from ray_tfrecord.io.listing import DataFile, list_files
 from ray_tfrecord.io.order import Piece, row_order
 from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK, ProbeKind, probe_file
@@ -68,7 +68,7 @@ class SplitPlan:
 
     splits: tuple[Split, ...]
     schema: pa.Schema
-    filesystem: Any  # made pickleable (_compat.pickleable_filesystem)
+    filesystem: Any  # made pickleable (compat.pickleable_filesystem)
     compression: Compression
 
     @property
@@ -108,7 +108,7 @@ def plan_splits(
     with ThreadPoolExecutor(_PLAN_THREADS) as pool:
         per_file = pool.map(lambda f: _file_splits(fs, f, compression, split_bytes), listing.files)
         splits = tuple(s for file_splits in per_file for s in file_splits)
-    return SplitPlan(splits, schema, _compat.pickleable_filesystem(fs), compression)
+    return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression)
 
 
 def _file_splits(fs: pafs.FileSystem, file: DataFile, compression: Compression, split_bytes: int) -> list[Split]:
@@ -178,7 +178,7 @@ def read_pieces(
 ) -> Iterator[pa.Table]:
     """One table per piece: its rows in the split's seeded order (:func:`~ray_tfrecord.io.order.row_order`),
     ``columns`` plus ``weight_column`` (float32, the piece's weight)."""
-    fs = _compat.unpickled_filesystem(plan.filesystem)
+    fs = compat.unpickled_filesystem(plan.filesystem)
     schema = pa.schema([plan.schema.field(c) for c in columns])
     for (index, lo, hi), weight in pieces:
         split = plan.splits[index]

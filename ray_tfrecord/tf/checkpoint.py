@@ -74,7 +74,9 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
         with tempfile.TemporaryDirectory() as tmp:
             self.model.save_weights(os.path.join(tmp, _WEIGHTS))
             if self._keras_file:
-                self.model.save(os.path.join(tmp, MODEL_FILE))
+                # keras_v3 named: in a non-main thread (Ray Train's training loop) tf-keras's first .keras
+                # save resets its v3 flag, and every later one would write HDF5, with a warning.
+                self.model.save(os.path.join(tmp, MODEL_FILE), save_format="keras_v3")
             if self._feed is not None:
                 # Keras under MultiWorkerMirroredStrategy cuts each element into one step per replica.
                 replicas = self.model.distribute_strategy.num_replicas_in_sync

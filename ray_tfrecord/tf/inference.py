@@ -26,10 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from ray.data import ActorPoolStrategy, Dataset, SaveMode
+from ray.data import Dataset
 
 from ray_tfrecord.core import options
-from ray_tfrecord.io.datasink import write_tfrecords
+from ray_tfrecord.io import compat
+from ray_tfrecord.io.datasink import SaveMode, write_tfrecords
 
 __all__ = ["inference", "predict"]
 
@@ -192,7 +193,7 @@ def predict(
         batch_size=batch_size,
         batch_format="pyarrow",
         zero_copy_batch=True,
-        compute=ActorPoolStrategy(size=concurrency),
+        **compat.actor_pool_args(concurrency),
         num_cpus=num_cpus,
         num_gpus=num_gpus,
     )

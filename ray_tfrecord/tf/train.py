@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal
@@ -62,6 +63,7 @@ from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
+from ray_tfrecord.io import compat
 from ray_tfrecord.tf.lint import warn_constant_length_lists
 
 if TYPE_CHECKING:
@@ -158,8 +160,10 @@ def tensorflow_trainer(
     """
     if keras not in (2, 3):
         raise ValueError(f"tensorflow_trainer: keras={keras!r}; pass keras=2 (tf-keras) or keras=3 (Keras 3)")
-    if datasets:
-        _check_cpus_left_for_reads(num_workers, cpus_per_worker)
+    if not compat.train_v2_enabled():
+        raise RuntimeError(f"tensorflow_trainer: {compat.TRAIN_V2_MESSAGE}")
+    # Also without datasets: a ResumableFeed's ranks start their own read tasks.
+    _check_cpus_left_for_reads(num_workers, cpus_per_worker)
     for ds in datasets.values():
         warn_constant_length_lists(ds)
     return TensorflowTrainer(
@@ -170,7 +174,7 @@ def tensorflow_trainer(
             use_gpu=use_gpu,
             resources_per_worker={"CPU": cpus_per_worker},
         ),
-        dataset_config=DataConfig(datasets_to_split="all", execution_options=_ingest_options()),
+        dataset_config=_IngestConfig(progress_bars=sys.stdout.isatty()),
         # worker_runtime_env: ray.train.RunConfig is Train v2's (the default) at runtime, v1's to mypy.
         run_config=RunConfig(  # type: ignore[call-arg]
             name=name,
@@ -213,6 +217,27 @@ def _ingest_options() -> ExecutionOptions:
         verbose_progress=current.verbose_progress,
         exclude_resources=None if excluded == ExecutionResources.zero() else excluded,
     )
+
+
+class _IngestConfig(DataConfig):
+    """Every dataset split across the workers, with :func:`_ingest_options`, and no progress bars
+    when the driver's output is not a terminal (a file, a job's log).
+
+    The split coordinator that runs the datasets is a Ray actor, whose bars Ray Data sends to the
+    driver to re-draw, with ANSI escapes, every epoch: thousands of lines in a captured log.
+    ``configure`` runs in Ray Train's dataset manager on its own copies of the datasets, so the
+    driver's own context (and its progress bars elsewhere) stays as it was.
+    """
+
+    def __init__(self, *, progress_bars: bool) -> None:
+        super().__init__(datasets_to_split="all", execution_options=_ingest_options())
+        self._progress_bars = progress_bars
+
+    def configure(self, datasets: dict[str, Dataset], *args: Any, **kwargs: Any) -> Any:
+        if not self._progress_bars:
+            for ds in datasets.values():
+                ds.context.enable_progress_bars = False
+        return super().configure(datasets, *args, **kwargs)
 
 
 def _checked_loop(loop: Callable[..., None], keras: int) -> Callable[..., None]:

@@ -1,4 +1,7 @@
-"""The one place this package touches Ray Data's private internals, and its one Ray version switch.
+"""The one place this package touches Ray's private internals, and its one Ray version switch.
+
+It is a public module of the package (no underscore) because the tf layer needs the Ray Train
+and actor-pool switches too; it is not part of the user-facing API.
 
 Supported: Ray 2.50 (October 2025) to :data:`NEWEST_TESTED_RAY`, both ends tested (`make test` at the
 newest, `make test-lowest` at the floor pinned in ``.ci/lowest-constraints.txt``). Everything else in
@@ -33,6 +36,7 @@ __all__ = [
     "RAY_VERSION",
     "REMOTE_OPTIONS",
     "ROW_COUNT_STUB_COLUMN",
+    "TRAIN_V2_MESSAGE",
     "SaveMode",
     "TaskContext",
     "data_context",
@@ -42,8 +46,10 @@ __all__ = [
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
+    "actor_pool_args",
     "ray_call_args",
     "shuffle_seed",
+    "train_v2_enabled",
     "unpickled_filesystem",
     "unwrap_filesystem",
     "untested_ray_message",
@@ -241,6 +247,29 @@ def ray_call_args(func: Callable[..., Any], given: Mapping[str, Any]) -> dict[st
     if folded:
         out["ray_remote_args"] = {**(given.get("ray_remote_args") or {}), **folded}
     return out
+
+
+def actor_pool_args(size: int) -> dict[str, Any]:
+    """``Dataset.map_batches`` keywords for a pool of ``size`` actors: ``compute=ActorPoolStrategy`` from
+    Ray 2.51 (which deprecates ``concurrency=`` for it), ``concurrency=`` on 2.50 (which deprecates
+    ``compute=``)."""
+    if RAY_VERSION >= (2, 51):
+        return {"compute": ray.data.ActorPoolStrategy(size=size)}
+    return {"concurrency": size}
+
+
+#: Why :func:`train_v2_enabled` is false, in the caller's terms.
+TRAIN_V2_MESSAGE = (f"Ray {ray.__version__} runs Ray Train v1, and ray_tfrecord's trainer needs v2: set "
+                    "RAY_TRAIN_V2_ENABLED=1 in the environment before Ray starts (the default from Ray 2.51)")
+
+
+def train_v2_enabled() -> bool:
+    """Whether ``ray.train.RunConfig`` is Ray Train v2's, which takes ``worker_runtime_env`` (where the
+    trainer puts ``TF_USE_LEGACY_KERAS`` before TensorFlow is imported): the default from Ray 2.51, behind
+    ``RAY_TRAIN_V2_ENABLED=1`` on 2.50."""
+    from ray.train import RunConfig
+
+    return "worker_runtime_env" in inspect.signature(RunConfig).parameters
 
 
 _untested = untested_ray_message(ray.__version__)
