@@ -191,6 +191,21 @@ def test_a_saved_position_resumes_with_another_worker_count(ray_local, tmp_path)
         wrong.load(str(tmp_path))
 
 
+def test_the_epoch_read_ahead_is_the_next_pass_unless_a_load_moves_the_position(ray_local, tmp_path):
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    fresh = _feeds(plan, 1)[0]
+    epochs = [_epoch([fresh])[0] for _ in range(2)]
+    feed = _feeds(plan, 1)[0]
+    head = []
+    for _, ids, w in itertools.islice(feed.dataset(), 4):  # the next epoch's reads start with the first fetch
+        head += zip(ids.numpy().tolist(), w.numpy().tolist(), strict=True)
+    feed.save(str(tmp_path), 4)
+    assert _epoch([feed])[0] == epochs[1]
+    assert feed.load(str(tmp_path)) == 0  # epoch 2 was read ahead: dropped
+    trained = [row for row in head + _epoch([feed])[0] if row[1]]  # the padding of a resumed epoch differs
+    assert trained == [row for row in epochs[0] if row[1]]
+
+
 def test_gzip_needs_no_index(ray_local, tmp_path):
     path = tmp_path / "one.tfrecord.gz"
     with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type="GZIP")) as w:

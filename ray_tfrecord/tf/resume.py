@@ -15,13 +15,17 @@ TensorFlow's collectives in step) and must not count: pass it as Keras's ``sampl
 does, given a 3-tuple) or multiply a custom loop's per-row loss by it.
 
 The reads run in Ray Data tasks, each a run of consecutive pieces of about 16 MB, in order, and the Arrow batches become
-tensors as :func:`~ray_tfrecord.tf.feed.tf_dataset` makes them.
+tensors as :func:`~ray_tfrecord.tf.feed.tf_dataset` makes them.  Every epoch is a new Ray Data
+execution, whose first batch takes seconds (``make bench --quick``: 1.5-1.8 s, most of a short
+epoch); since the next epoch's rows are known, its execution starts on a thread while the current
+epoch's last batches are fed, and a :meth:`ResumableFeed.load` that moves the position drops it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -92,6 +96,7 @@ class ResumableFeed:
         self._features, self._label, self._tf_prefetch = features, label, tf_prefetch
         self._next = Position(0)
         self._current: tuple[Position, Assignment] | None = None
+        self._ahead: _Ahead | None = None
 
     @property
     def epoch(self) -> int:
@@ -144,17 +149,33 @@ class ResumableFeed:
                 f"feed has seed={self.seed}, shuffle={self.shuffle}, {len(self.plan.splits)} splits of "
                 f"{self.plan.rows} rows: pass the same seed= and plan, or start a new run name"
             )
-        self._next, self._current = Position.from_json(state["position"]), None
+        self._next, self._current, self._ahead = Position.from_json(state["position"]), None, None
         return self._next.epoch
 
     def _assignment(self, position: Position) -> Assignment:
         return assign(position.epoch_pieces(self.plan.split_rows, self.seed), self.world_size, self.batch_size)
 
     def _epoch_tables(self, fetch_rows: int) -> Iterator[pa.Table]:
-        """One pass: this rank's share of the next epoch (or of its rest), read by Ray Data in order."""
+        """One pass: this rank's share of the next epoch (or of its rest), read by Ray Data in order;
+        once no more than ``_AHEAD_FETCHES`` fetches of it are left, the pass after it starts reading."""
         position = self._next
         assignment = self._assignment(position)
         self._current, self._next = (position, assignment), Position(position.epoch + 1)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.key == (position, fetch_rows):
+            tables = ahead.tables()
+        else:
+            tables = self._reads(position, assignment, fetch_rows)
+        left = assignment.steps * self.batch_size
+        for table in tables:
+            left -= table.num_rows
+            if left <= _AHEAD_FETCHES * fetch_rows and self._ahead is None:
+                following = self._next
+                self._ahead = _Ahead((following, fetch_rows),
+                                     self._reads(following, self._assignment(following), fetch_rows))
+            yield table
+
+    def _reads(self, position: Position, assignment: Assignment, fetch_rows: int) -> Iterator[pa.Table]:
         fallback = assignment.shares[0]
         groups = group_pieces(self.plan, assignment.pieces(self.rank, fallback))
         items = [{"pieces": [[s, lo, hi, w] for (s, lo, hi), w in group]} for group in groups]
@@ -164,5 +185,37 @@ class ResumableFeed:
         reader = PieceReader(self.plan, position.epoch, self.seed, self.shuffle, self._columns, WEIGHT_COLUMN)
         tables = reads.map_batches(reader, batch_size=None, batch_format="pyarrow")
         # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
-        yield from tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
-                                       prefetch_batches=2)
+        return iter(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
+                                        prefetch_batches=2))
+
+
+# Fetches of an epoch still to feed when the next epoch's execution starts: by then the current
+# one has read (nearly) all its rows, so the two do not compete for the read tasks' CPUs.
+_AHEAD_FETCHES = 2
+
+
+class _Ahead:
+    """An epoch's reads whose first table is pulled on a thread, ahead of the pass that feeds it."""
+
+    def __init__(self, key: tuple[Position, int], tables: Iterator[pa.Table]) -> None:
+        self.key = key
+        self._tables = tables
+        self._head: list[pa.Table] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._pull, name="ResumableFeed-ahead", daemon=True)
+        self._thread.start()
+
+    def _pull(self) -> None:
+        try:
+            self._head.append(next(self._tables))
+        except StopIteration:
+            pass
+        except BaseException as error:  # raised again in the pass that feeds the epoch
+            self._error = error
+
+    def tables(self) -> Iterator[pa.Table]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        yield from self._head
+        yield from self._tables
