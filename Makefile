@@ -44,7 +44,8 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_datasource.py tests/test_datasink.py tests/test_faults.py tests/test_index.py \
 	tests/test_planning.py tests/test_partitioning.py tests/test_user_errors.py tests/test_s3.py \
 	tests/test_cli.py tests/test_feed.py tests/test_inference.py tests/test_train.py \
-	tests/test_decimals.py tests/test_globs.py tests/test_decoder.py tests/test_encoder.py tests/test_commit.py tests/test_contract.py
+	tests/test_decimals.py tests/test_globs.py tests/test_decoder.py tests/test_encoder.py tests/test_commit.py tests/test_contract.py \
+	tests/test_other_writers.py tests/test_keras3.py
 
 $(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
 	test -x $(LOWEST_BIN)/python || $(LOWEST_PY) -m venv $(LOWEST_VENV)

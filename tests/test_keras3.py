@@ -15,6 +15,7 @@ import pytest
 import ray
 import tensorflow as tf
 
+from ray_tfrecord.io import compat
 from ray_tfrecord.tf.feed import tf_dataset
 from ray_tfrecord.tf.inference import predict
 from ray_tfrecord.tf.train import KerasVersionError, _check_worker_keras, tensorflow_trainer
@@ -215,9 +216,12 @@ def test_training_datasets_get_ray_trains_default_options_without_its_deprecatio
                                  cpus_per_worker=0.5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ours = trainer.data_config._resolve_execution_options("train")
+        # Ray Train resolves a dataset's options with this method from 2.51; 2.50 keeps one set for all.
+        resolve = getattr(trainer.data_config, "_resolve_execution_options", None)
+        ours = resolve("train") if resolve else trainer.data_config._execution_options
         assert [str(w.message) for w in caught] == []
         # What Ray Train would have used: equal, but built through the deprecated property.
         rays = type(trainer.data_config).default_ingest_options()
-    assert ours == rays
-    assert any("exclude_resources" in str(w.message) for w in caught), "Ray no longer warns: drop _ingest_options"
+    assert repr(ours) == repr(rays)  # Ray 2.50's ExecutionOptions has no __eq__
+    if compat.RAY_VERSION >= (2, 60):  # the release that deprecates it
+        assert any("exclude_resources" in str(w.message) for w in caught), "Ray no longer warns: drop _ingest_options"
