@@ -148,8 +148,10 @@ def test_a_parquet_or_csv_file_is_named_as_not_tfrecord(ray_local, not_tfrecord)
             ray_tfrecord.read_tfrecords(path)
         assert (e.value.path, e.value.offset) == (path, 0)
         assert str(e.value) == (f"{path}, offset 0: corrupted record: length CRC mismatch; the file does not look "
-                                "like TFRecord at all (Parquet, CSV or JSON? read it with ray.data.read_parquet/"
-                                "read_csv/read_json, or `ray-tfrecord convert` it)")
+                                "like TFRecord at all: if it is not data, leave it out of the read (read_tfrecords(..., "
+                                "file_extensions=[...]) or a glob matching only the data files); if it is Parquet, CSV "
+                                "or JSON, read it with ray.data.read_parquet/read_csv/read_json or `ray-tfrecord "
+                                "convert` it")
 
 
 def test_a_corrupt_first_record_later_in_a_real_file_stays_a_crc_error(tmp_path):
