@@ -1,58 +1,72 @@
-"""The TensorFlow layer: Arrow batches as tensors (``tensors``), the tf.data training feed (``feed``)
-with its rank-equal step policy (``distribution``) and column warnings (``lint``), Ray Train helpers
-(``train``, with ``checkpoint``), the resumable feed (``resume``) and batch inference (``inference``).
+"""Training with TensorFlow on Ray: one import for a training script.
 
-Imports the layers below it (``ray_tfrecord.core``, ``ray_tfrecord.io``), TensorFlow and Ray Train.
+::
+
+    from ray_tfrecord.tf import (ReportCheckpoint, ResumableFeed, plan_splits, restore,
+                                 tensorflow_trainer, tf_dataset)
+
+``tf_dataset`` feeds a Ray dataset shard to Keras or a custom loop; ``plan_splits`` and
+``ResumableFeed`` give a feed that resumes mid-epoch; ``tensorflow_trainer`` builds Ray Train's
+``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range);
+``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model; ``inference`` and
+``predict`` run a saved model over a dataset.
+
+TensorFlow is imported here as it is anywhere else: its own messages, a fatal one included, reach
+stderr unchanged.  Each name loads its module (Ray Train, tf_keras) when first used, so this import
+costs TensorFlow's and nothing more.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import sys
-import threading
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-# TensorFlow 2.21 logs its start-up lines (oneDNN, CUDA drivers, CPU features) once for each of two
-# native libraries it loads, before any log level applies. Where this package is the first to import
-# it, it does so with stderr passed through a pipe that drops a line repeating an earlier one (the
-# timestamp aside): each line once, nothing else hidden. A user who imports TensorFlow first gets
-# TensorFlow's own output.
-_LOG_PREFIX = re.compile(rb"^[IWEF]\d{4} [\d:.]+\s+\d+ ")
+try:
+    import tensorflow  # noqa: F401
+except ModuleNotFoundError as error:
+    if error.name != "tensorflow":
+        raise
+    raise ImportError(
+        "ray_tfrecord.tf needs TensorFlow, which is not installed: pip install 'ray_tfrecord[tf]'"
+    ) from error
 
+if TYPE_CHECKING:
+    from ray_tfrecord.io.splits import SplitPlan, plan_splits
+    from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
+    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord.tf.inference import inference, predict
+    from ray_tfrecord.tf.resume import ResumableFeed
+    from ray_tfrecord.tf.train import KerasVersionError, tensorflow_trainer
 
-def _import_tensorflow_with_each_line_once() -> None:
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no stderr to tidy
-        import tensorflow  # noqa: F401
+# Where each public name lives. Lazy: Ray Train costs seconds to import, and tf_keras must not load
+# in a Keras 3 worker that never checkpoints with ReportCheckpoint.
+_LAZY = {
+    "tf_dataset": ".feed",
+    "ResumableFeed": ".resume",
+    "plan_splits": "..io.splits",
+    "SplitPlan": "..io.splits",
+    "ReportCheckpoint": ".checkpoint",
+    "restore": ".checkpoint",
+    "tensorflow_trainer": ".train",
+    "KerasVersionError": ".train",
+    "inference": ".inference",
+    "predict": ".inference",
+}
 
-        return
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    captured: list[bytes] = []
-    drain = threading.Thread(target=lambda: captured.extend(iter(lambda: os.read(read_end, 65536), b"")))
-    drain.start()
-    try:
-        import tensorflow  # noqa: F401
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        drain.join()
-        os.close(read_end)
-        seen: set[bytes] = set()
-        kept = []
-        for line in b"".join(captured).splitlines(keepends=True):
-            key = _LOG_PREFIX.sub(b"", line)
-            if key not in seen:
-                seen.add(key)
-                kept.append(line)
-        out = b"".join(kept)
-        while out:
-            out = out[os.write(2, out):]
+__all__ = [
+    "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference", "plan_splits", "predict",
+    "restore", "tensorflow_trainer", "tf_dataset",
+]
 
 
-if "tensorflow" not in sys.modules:
-    _import_tensorflow_with_each_line_once()
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
