@@ -81,14 +81,3 @@ def test_digits_demo_log_is_readable(tmp_path):
     assert "test accuracy: " in log
     assert readable_log_problems(log, max_lines=200) == []
 
-
-def test_tensorflow_start_up_lines_once_per_process():
-    """TensorFlow 2.21 logs its start-up lines twice on import; imported by this package, once each."""
-    code = "import ray_tfrecord.tf.feed, tensorflow as tf; print(tf.constant([1, 2]).numpy().sum())"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
-    assert run.returncode == 0 and run.stdout.strip() == "3", run.stderr
-    for line in ("oneDNN custom operations", "Could not find cuda drivers", "before absl::InitializeLog"):
-        assert run.stderr.count(line) <= 1, run.stderr
-    bare = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, text=True, timeout=300)
-    assert bare.stderr.count("oneDNN custom operations") >= run.stderr.count("oneDNN custom operations")

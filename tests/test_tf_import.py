@@ -57,7 +57,8 @@ def test_one_import_gives_the_training_api_and_loads_it_lazily():
     code = """
 import sys
 import ray_tfrecord.tf as rt
-heavy = [m for m in ("ray.train", "tf_keras", "ray_tfrecord.tf.train", "ray_tfrecord.tf.checkpoint") if m in sys.modules]
+heavy = [m for m in ("ray.train", "tf_keras", "ray_tfrecord.tf.train", "ray_tfrecord.tf.checkpoint")
+         if m in sys.modules]
 from ray_tfrecord.tf import (KerasVersionError, ReportCheckpoint, ResumableFeed, SplitPlan, inference, plan_splits,
                              predict, restore, tensorflow_trainer, tf_dataset)
 from ray_tfrecord.io.splits import plan_splits as home
@@ -71,3 +72,13 @@ print("heavy before use:", heavy)
     run = _python(code)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "heavy before use: []" in run.stdout
+
+
+def test_tensorflow_start_up_lines_are_those_of_a_plain_import():
+    """Nothing filters TensorFlow's own start-up output: the lines of ``import tensorflow`` are there
+    as often as without this package."""
+    ours = _python("import ray_tfrecord.tf, tensorflow as tf; print(int(tf.constant([1, 2]).numpy().sum()))")
+    bare = _python("import tensorflow as tf; print(int(tf.constant([1, 2]).numpy().sum()))")
+    assert ours.returncode == bare.returncode == 0 and ours.stdout.strip() == bare.stdout.strip() == "3", ours.stderr
+    for line in ("oneDNN custom operations", "Could not find cuda drivers", "before absl::InitializeLog"):
+        assert ours.stderr.count(line) == bare.stderr.count(line), (line, ours.stderr, bare.stderr)
