@@ -40,6 +40,7 @@ __all__ = [
     "SaveMode",
     "TaskContext",
     "data_context",
+    "elastic_training",
     "execution_index",
     "has_file_extension",
     "is_local_scheme",
@@ -270,6 +271,15 @@ def train_v2_enabled() -> bool:
     from ray.train import RunConfig
 
     return "worker_runtime_env" in inspect.signature(RunConfig).parameters
+
+
+def elastic_training() -> bool:
+    """Whether Ray Train grows and shrinks a worker group within ``ScalingConfig(num_workers=(min, max))``
+    (Ray Train v2's elastic scaling: in Ray 2.58 and 2.60; probed, not versioned). Without it, a tuple
+    would reach a ``ScalingConfig`` that takes only an int."""
+    from ray.train import ScalingConfig
+
+    return hasattr(ScalingConfig, "elasticity_enabled")
 
 
 _untested = untested_ray_message(ray.__version__)

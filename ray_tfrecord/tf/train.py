@@ -55,7 +55,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import ray
 import ray.train
@@ -97,7 +97,7 @@ def tensorflow_trainer(
     train_loop_per_worker: Callable[[dict[str, Any]], None],
     *,
     datasets: Mapping[str, Dataset],
-    num_workers: int,
+    num_workers: int | tuple[int, int],
     train_loop_config: Mapping[str, Any] | None = None,
     cpus_per_worker: float = 1.0,
     use_gpu: bool = False,
@@ -128,7 +128,15 @@ def tensorflow_trainer(
         train_loop_per_worker: Runs on every worker with ``train_loop_config``;
             read data with ``ray.train.get_dataset_shard(name)``.
         datasets: Ray datasets by name, e.g. ``{"train": read_tfrecords(...)}``.
-        num_workers: Training workers (one TensorFlow process each).
+        num_workers: Training workers (one TensorFlow process each), or a
+            ``(min, max)`` range for an elastic group: Ray Train starts with
+            as many workers as the cluster has room for, at least ``min``,
+            restarts with fewer when a node is lost and grows toward ``max``
+            when nodes are added, each time from the latest checkpoint (give
+            ``max_failures`` room for the losses).  A
+            :class:`~ray_tfrecord.tf.resume.ResumableFeed` continues its epoch
+            at any group size, every row once.  Needs a Ray with Train's
+            elastic scaling (2.58 and later).
         train_loop_config: Passed to ``train_loop_per_worker``.
         cpus_per_worker: CPUs reserved per worker; fractions let several workers
             share a small machine while Ray Data keeps CPUs for reading.
@@ -156,21 +164,27 @@ def tensorflow_trainer(
             that less than one CPU remains for the datasets' read
             tasks, which Ray would then never schedule: training would wait
             at its first step forever.  The message names the
-            ``cpus_per_worker`` that fits.  Also if ``keras`` is not 2 or 3.
+            ``cpus_per_worker`` that fits; for a range, the check is of
+            ``min`` workers.  Also if ``keras`` is not 2 or 3, or if
+            ``num_workers`` is neither a positive int nor a ``(min, max)``
+            range with ``1 <= min <= max``.
+        RuntimeError: for a range on a Ray without elastic scaling.
     """
     if keras not in (2, 3):
         raise ValueError(f"tensorflow_trainer: keras={keras!r}; pass keras=2 (tf-keras) or keras=3 (Keras 3)")
     if not compat.train_v2_enabled():
         raise RuntimeError(f"tensorflow_trainer: {compat.TRAIN_V2_MESSAGE}")
+    smallest = _smallest_group(num_workers)
     # Also without datasets: a ResumableFeed's ranks start their own read tasks.
-    _check_cpus_left_for_reads(num_workers, cpus_per_worker)
+    _check_cpus_left_for_reads(smallest, cpus_per_worker)
     for ds in datasets.values():
         warn_constant_length_lists(ds)
     return TensorflowTrainer(
         _checked_loop(train_loop_per_worker, keras),
         train_loop_config=dict(train_loop_config or {}),
+        # A (min, max) range: ray.train.ScalingConfig is Train v2's at runtime, v1's to mypy.
         scaling_config=ScalingConfig(
-            num_workers=num_workers,
+            num_workers=num_workers,  # type: ignore[arg-type]
             use_gpu=use_gpu,
             resources_per_worker={"CPU": cpus_per_worker},
         ),
@@ -185,6 +199,30 @@ def tensorflow_trainer(
         ),
         datasets=dict(datasets),
     )
+
+
+def _smallest_group(num_workers: object) -> int:
+    """The fewest workers ``num_workers`` allows, after checking it is an int or an elastic range."""
+    if isinstance(num_workers, int) and not isinstance(num_workers, bool):
+        if num_workers < 1:
+            raise ValueError(f"tensorflow_trainer: num_workers={num_workers!r}; pass at least 1 worker, or a "
+                             "range num_workers=(min, max)")
+        return num_workers
+    elastic = (isinstance(num_workers, tuple) and len(num_workers) == 2
+               and all(isinstance(n, int) and not isinstance(n, bool) for n in num_workers))
+    if not elastic:
+        raise ValueError(f"tensorflow_trainer: num_workers={num_workers!r}; pass a number of workers or an "
+                         "elastic range num_workers=(min, max) of two ints")
+    low, high = cast(tuple[int, int], num_workers)
+    if not 1 <= low <= high:
+        fix = (max(1, min(low, high)), max(1, low, high))
+        raise ValueError(f"tensorflow_trainer: num_workers={num_workers!r} is not a range of group sizes; pass "
+                         f"(min, max) with 1 <= min <= max, e.g. num_workers={fix!r}")
+    if not compat.elastic_training():
+        raise RuntimeError(f"tensorflow_trainer: num_workers={num_workers!r} asks for an elastic group, and Ray "
+                           f"{ray.__version__}'s Train has no elastic scaling; upgrade Ray (pip install -U "
+                           f"'ray[train]>=2.58') or pass a fixed num_workers={high}")
+    return low
 
 
 def _worker_env(cpus_per_worker: float, keras: int) -> dict[str, str]:
