@@ -24,3 +24,13 @@ def ray_local():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts Ray Train worker groups or a Ray cluster (tens of seconds)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def index_cache(tmp_path_factory):
+    """plan_splits keeps the indexes of directories that take no sidecar in a cache under the home
+    directory; the tests' go to a temporary one."""
+    import os
+
+    os.environ["RAY_TFRECORD_CACHE_DIR"] = str(tmp_path_factory.mktemp("index_cache"))
+    yield

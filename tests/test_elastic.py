@@ -171,7 +171,9 @@ trainer = tensorflow_trainer(elastic_loop, datasets={}, num_workers=(1, 2), cpus
                              train_loop_config={"plan": plan, "log": log}, storage_path=os.path.join(tmp, "runs"),
                              name="elastic", max_failures=6, checkpoints_to_keep=None)
 # What tensorflow_trainer does not expose: a worker per node, and a resize looked at every 2 s, not 60.
-trainer.scaling_config.resources_per_worker = {"CPU": 0.5, "slot": 1}
+# No CPU in the workers' bundle: Ray Train counts the room for a worker by what Ray's autoscaling
+# coordinator reserves for it, and the feed's read executions reserve the nodes' CPUs there too.
+trainer.scaling_config.resources_per_worker = {"slot": 1}
 trainer.scaling_config.elastic_resize_monitor_interval_s = 2
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ray_tfrecord
 from ray_tfrecord.core.index import build_index, write_index
-from ray_tfrecord.io import splits
+from ray_tfrecord.io import indexing
 from ray_tfrecord.io.order import Position, assign, epoch_pieces
 from ray_tfrecord.io.splits import plan_splits
 from ray_tfrecord.tf.resume import ResumableFeed
@@ -121,7 +121,7 @@ def test_splits_are_record_exact_with_an_index_a_scan_or_a_compressed_file(ray_l
     for name in ("part-0.tfrecord", "part-1.tfrecord"):
         shutil.copy(os.path.join(unindexed, name), indexed / name)
         write_index(fs, str(indexed / name), build_index(fs, str(indexed / name), spacing_bytes=256))
-    monkeypatch.setattr(splits, "build_index", None)  # a scan would fail
+    monkeypatch.setattr(indexing, "_scan_group", None)  # a scan would fail
     by_index = plan_splits(str(indexed), schema=SCHEMA, split_bytes=2048)
     assert [(s.start, s.end, s.rows) for s in by_index.splits] == [
         (s.start, s.end, s.rows) for s in plan.splits if s.end is not None]

@@ -3,19 +3,18 @@
 :func:`plan_splits` lists a dataset's files and cuts each into :class:`Split` s of about
 ``split_bytes``: a byte range that starts on a record boundary, with its exact record count. The
 boundaries come from the file's index sidecar (:mod:`ray_tfrecord.core.index`) when it is current;
-an uncompressed file without one is scanned once on the planning machine to build the index in
-memory (every record's CRC checked; nothing is written). A GZIP/ZLIB file cannot be cut and is one
-split, whose record count also costs a scan: decompressing the whole file once at planning time,
-and a resumed or padded piece of it decompresses the file again up to the piece.
+an uncompressed file without one is scanned once, in a Ray task, and the index kept for the next
+plan (:mod:`ray_tfrecord.io.indexing`). A GZIP/ZLIB file cannot be cut and is one split, whose
+record count also costs a scan the first time: decompressing the whole file, and a resumed or
+padded piece of it decompresses the file again up to the piece.
 
 :func:`read_pieces` reads pieces of splits (:mod:`ray_tfrecord.io.order`) with the native decoder,
-adding a weight column; it runs inside Ray Data tasks.  Planning needs no Ray.
+adding a weight column; it runs inside Ray Data tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +25,14 @@ import pyarrow.fs as pafs
 from ray_tfrecord.core import sizes
 from ray_tfrecord.core.codec import decode
 from ray_tfrecord.core.framing import iter_chunks, open_stream
-from ray_tfrecord.core.index import build_index
 from ray_tfrecord.core.schema import read_stored_schema
 from ray_tfrecord.io import compat
+from ray_tfrecord.io.indexing import FileIndex, file_indexes
 from ray_tfrecord.io.listing import DataFile, list_files
 from ray_tfrecord.io.order import Piece, row_order
-from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK, ProbeKind, probe_file
+from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK
 from ray_tfrecord.io.read_tasks import Compression
+from ray_tfrecord.io.stored import StoredTuple
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_pieces",
@@ -44,10 +44,6 @@ Weighted = tuple[Piece, float]
 #: Bytes per split: the resume granularity is a record, so this only bounds the in-split shuffle
 #: buffer (one split decoded) and sets how many Ray tasks an epoch makes.
 DEFAULT_SPLIT_BYTES = 8 * sizes.MiB
-
-# Files probed or scanned at once on the planning machine (each is a few reads, or a scan).
-_PLAN_THREADS = 8
-
 
 @dataclass(frozen=True)
 class Split:
@@ -91,11 +87,20 @@ def plan_splits(
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     filesystem: pafs.FileSystem | None = None,
     compression: Compression = "auto",
+    keep_index: bool = True,
 ) -> SplitPlan:
     """List ``paths`` (as ``read_tfrecords`` does) and cut every file into record-exact splits.
 
     ``schema`` is the columns to decode; ``None`` takes the schema the writer recorded, and raises
     ``ValueError`` if there is none.  Deterministic: the same files give the same splits.
+
+    Files without a current index sidecar are scanned in Ray tasks spread over the cluster (in
+    threads here when Ray is not running) and, with ``keep_index`` (the default), what the scan found
+    is kept: as index sidecars in a dataset this package wrote, else (another writer's directory, or
+    one that cannot be written) in this machine's index cache (:mod:`ray_tfrecord.io.indexing`), so
+    planning the same files again reads only each file's first and last 4 KiB.
+    ``keep_index=False`` writes nothing.  A plan of many splits pickles as an object reference
+    while Ray runs (:mod:`ray_tfrecord.io.stored`).
     """
     if split_bytes <= 0:
         raise ValueError(f"split_bytes must be positive, got {split_bytes}")
@@ -105,32 +110,19 @@ def plan_splits(
         schema = next((s for root in listing.roots if (s := read_stored_schema(fs, root)) is not None), None)
         if schema is None:
             raise ValueError(f"no schema is recorded under {listing.roots}; pass schema= to plan_splits")
-    with ThreadPoolExecutor(_PLAN_THREADS) as pool:
-        per_file = pool.map(lambda f: _file_splits(fs, f, compression, split_bytes), listing.files)
-        splits = tuple(s for file_splits in per_file for s in file_splits)
+    files = [f for f in listing.files if f.size]
+    # Checkpoints at a quarter of the split size at most, so that splits come out near their size.
+    spacing = max(1, min(sizes.INDEX_SPACING_BYTES, split_bytes // 4))
+    indexes = file_indexes(fs, files, compression, spacing, keep=keep_index)
+    splits = StoredTuple(s for file, found in zip(files, indexes, strict=True)
+                         for s in _file_splits(file, found, split_bytes))
     return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression)
 
 
-def _file_splits(fs: pafs.FileSystem, file: DataFile, compression: Compression, split_bytes: int) -> list[Split]:
-    if file.size == 0:
-        return []
-    probe = None if compression in ("gzip", "zlib") else probe_file(fs, file, compression)
-    if probe is None or probe.kind is ProbeKind.COMPRESSED:
-        return [Split(file.path, 0, None, _count(fs, file.path, compression), file.size)]
-    # Checkpoints at a quarter of the split size at most, so that splits come out near their size.
-    index = probe.index or build_index(fs, file.path, spacing_bytes=max(1, min(sizes.INDEX_SPACING_BYTES,
-                                                                               split_bytes // 4)))
-    if index is None:  # compressed after all: the probe saw a file compressed since it was listed
-        return [Split(file.path, 0, None, _count(fs, file.path, compression), file.size)]
-    return [Split(file.path, a, b, n, b - a) for a, b, n in index.split(split_bytes) if n]
-
-
-def _count(fs: pafs.FileSystem, path: str, compression: Compression) -> int:
-    stream, found = open_stream(path, fs, compression)
-    try:
-        return sum(len(c) for c in iter_chunks(stream, path=path, compressed=bool(found)))
-    finally:
-        stream.close()
+def _file_splits(file: DataFile, found: FileIndex, split_bytes: int) -> list[Split]:
+    if found.compressed:
+        return [Split(file.path, 0, None, found.index.num_records, file.size)]
+    return [Split(file.path, a, b, n, b - a) for a, b, n in found.index.split(split_bytes) if n]
 
 
 def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compression: Compression) -> pa.Table:
