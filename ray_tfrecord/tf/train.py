@@ -135,8 +135,8 @@ def tensorflow_trainer(
             when nodes are added, each time from the latest checkpoint (give
             ``max_failures`` room for the losses).  A
             :class:`~ray_tfrecord.tf.resume.ResumableFeed` continues its epoch
-            at any group size, every row once.  Needs a Ray with Train's
-            elastic scaling (2.58 and later).
+            at any group size, every row once.  Needs a Ray whose Train has
+            elastic scaling (2.58 and 2.60 have it).
         train_loop_config: Passed to ``train_loop_per_worker``.
         cpus_per_worker: CPUs reserved per worker; fractions let several workers
             share a small machine while Ray Data keeps CPUs for reading.
@@ -221,7 +221,7 @@ def _smallest_group(num_workers: object) -> int:
     if not compat.elastic_training():
         raise RuntimeError(f"tensorflow_trainer: num_workers={num_workers!r} asks for an elastic group, and Ray "
                            f"{ray.__version__}'s Train has no elastic scaling; upgrade Ray (pip install -U "
-                           f"'ray[train]>=2.58') or pass a fixed num_workers={high}")
+                           f"'ray[train]') or pass a fixed num_workers={high}")
     return low
 
 
