@@ -177,19 +177,21 @@ trainer.scaling_config.resources_per_worker = {"slot": 1}
 trainer.scaling_config.elastic_resize_monitor_interval_s = 2
 
 
-def choreography():
-    shrink, grow = os.path.join(log, "shrink"), os.path.join(log, "grow")
-    while not os.path.exists(shrink) or not open(shrink).read():
-        time.sleep(0.2)
-    time.sleep(3)
-    cluster.remove_node(next(n for n in nodes if n.node_id == open(shrink).read()), allow_graceful=False)
-    while not os.path.exists(grow):
-        time.sleep(0.2)
-    cluster.add_node(num_cpus=1, resources={"slot": 1})
-
-
-threading.Thread(target=choreography, daemon=True).start()
-result = trainer.fit()
+# The node changes in this (the main) thread: Ray starts a node's processes with signal handlers,
+# which only the main thread may set; fit() waits in another.
+outcome = []
+fit = threading.Thread(target=lambda: outcome.append(trainer.fit()), daemon=True)
+fit.start()
+shrink, grow = os.path.join(log, "shrink"), os.path.join(log, "grow")
+while not os.path.exists(shrink) or not open(shrink).read():
+    time.sleep(0.2)
+time.sleep(3)
+cluster.remove_node(next(n for n in nodes if n.node_id == open(shrink).read()), allow_graceful=False)
+while not os.path.exists(grow):
+    time.sleep(0.2)
+cluster.add_node(num_cpus=1, resources={"slot": 1})
+fit.join()
+(result,) = outcome
 counts = {}
 for checkpoint, _ in result.best_checkpoints:
     with checkpoint.as_directory() as directory:
