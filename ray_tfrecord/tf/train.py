@@ -20,11 +20,10 @@ Example (run with ``python example.py``)::
 
     import pyarrow as pa
     import ray
-    from ray_tfrecord.tf.train import ReportCheckpoint, restore, tensorflow_trainer
+    from ray_tfrecord.tf import ReportCheckpoint, restore, tensorflow_trainer, tf_dataset
 
     def loop(config):
         import tensorflow as tf
-        from ray_tfrecord.tf.feed import tf_dataset
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         with strategy.scope():
