@@ -4,15 +4,21 @@
     python -m bench --only codec,ray_io  # some sections
     python -m bench --quick              # smaller datasets, for a smoke run
     python -m bench --only codec --threads 1,2,4   # decode on these thread counts (default 1, 2, 4, ... CPUs)
+    python -m bench --chart-from docs/img/bench.json   # redraw the chart of a recorded run
+
+Every run also writes its rows as JSON and draws the headline chart (bench/report.py): by default
+docs/img/bench.json and docs/img/bench.png, which the README and docs/benchmarks.md show.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small datasets (smoke run)")
     ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=None,
                     help="codec: comma-separated thread counts to decode on (default 1, 2, 4, ... up to the CPUs)")
+    ap.add_argument("--out", default=None,
+                    help="where bench.json and bench.png go (default docs/img/); --out '' writes neither")
+    ap.add_argument("--machine", default=None,
+                    help="the machine's name in the JSON and the chart (default: the host name)")
+    ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
+                    help="draw the chart of a recorded run (beside the JSON) and exit; runs nothing")
     args = ap.parse_args(argv)
+    from . import report
+
+    if args.chart_from:
+        report.draw(json.loads(args.chart_from.read_text()), args.chart_from.with_suffix(".png"))
+        return 0
+    out = report.OUT if args.out is None else Path(args.out) if args.out else None
+    machine = report.machine(args.machine)
     from .datasets import prepare
 
     ctx = prepare(10_000, 2_000) if args.quick else prepare()
@@ -53,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['bench']} | {r['dataset']} | {r['impl']} | {_fmt(r.get('rows_per_s'))} | "
               f"{_fmt(r.get('mb_per_s'), 1)} | {r.get('note', '')} |")
+    if out is not None:
+        datasets = {"tabular": {"rows": ctx.tabular_rows, "mb": round(ctx.bytes("tabular") / 1e6, 1)},
+                    "image": {"rows": ctx.image_rows, "mb": round(ctx.bytes("image") / 1e6, 1)}}
+        result = report.write_json(out / "bench.json", rows, sys.argv[1:] if argv is None else argv, datasets,
+                                   machine)
+        report.draw(result, out / "bench.png")
+        print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'}", flush=True)
     return 0
 
 
