@@ -6,8 +6,8 @@
     python -m bench --only codec --threads 1,2,4   # decode on these thread counts (default 1, 2, 4, ... CPUs)
     python -m bench --chart-from docs/img/bench.json   # redraw the chart of a recorded run
 
-Every run also writes its rows as JSON and draws the headline chart (bench/report.py): by default
-docs/img/bench.json and docs/img/bench.png, which the README and docs/benchmarks.md show.
+Every run also writes its rows as JSON and Markdown and draws the headline chart (bench/report.py): by
+default docs/img/bench.json, bench_table.md and bench.png, which the README and docs/benchmarks.md show.
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--machine", default=None,
                     help="the machine's name in the JSON and the chart (default: the host name)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
-                    help="draw the chart of a recorded run (beside the JSON) and exit; runs nothing")
+                    help="redraw the chart and table of a recorded run (beside the JSON) and exit; runs nothing")
     args = ap.parse_args(argv)
     from . import report
 
     if args.chart_from:
-        report.draw(json.loads(args.chart_from.read_text()), args.chart_from.with_suffix(".png"))
+        result = json.loads(args.chart_from.read_text())
+        report.write_table(args.chart_from.with_name("bench_table.md"), result)
+        report.draw(result, args.chart_from.with_suffix(".png"))
         return 0
     out = report.OUT if args.out is None else Path(args.out) if args.out else None
     machine = report.machine(args.machine)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         result = report.write_json(out / "bench.json", rows, sys.argv[1:] if argv is None else argv, datasets,
                                    machine)
         report.draw(result, out / "bench.png")
-        print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'}", flush=True)
+        print(f"\nwrote {out / 'bench.json'}, {out / 'bench_table.md'} and {out / 'bench.png'}", flush=True)
     return 0
 
 
