@@ -72,7 +72,7 @@ def test_the_pages_with_code_are_found():
     # The extraction itself can break (a fence written differently): these pages hold python blocks.
     found = {str(p.relative_to(ROOT)) for p in PAGES_WITH_CODE}
     assert {"README.md", "docs/reading.md", "docs/writing.md", "docs/training.md", "docs/inference.md",
-            "docs/errors.md"} <= found, found
+            "docs/errors.md", "docs/types.md"} <= found, found
     # The README's training example is the one docs/training.md opens with, so it runs once.
     readme, training = (_python_blocks((ROOT / p).read_text()) for p in ("README.md", "docs/training.md"))
     assert readme[-1] == training[0]
