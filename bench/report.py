@@ -87,14 +87,16 @@ def _fmt(v: float | None, digits: int = 0) -> str:
 
 
 def write_table(path: Path, result: dict) -> None:
-    """The run as Markdown, which docs/benchmarks.md includes: when, where, with what, then every row."""
+    """The run as Markdown, which docs/benchmarks.md includes: when, where, with what, then every row.
+    A ``note`` added to the JSON afterwards (what else ran on the machine) follows the run line."""
     m, v, d = result["machine"], result["versions"], result["datasets"]
     lines = [
         f"**Run:** {result['date']}, `{result['command']}`, on {m['name']}: {m['cpus']} CPUs ({m['cpu']}), "
         f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load average (1, 5, 15 min) "
         f"{m['load_avg_at_start']} at the start, {m.get('load_avg_at_end') or 'not recorded'} at the end. "
         + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ". "
-        + "; ".join(f"{name}: {x['rows']:,} rows, {x['mb']} MB" for name, x in d.items()) + ".",
+        + "; ".join(f"{name}: {x['rows']:,} rows, {x['mb']} MB" for name, x in d.items()) + "."
+        + (f" {result['note']}" if result.get("note") else ""),
         "",
         "| bench | dataset | implementation | rows/s | MB/s | note |",
         "|---|---|---|---:|---:|---|",
