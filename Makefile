@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NATIVE := $(wildcard ray_tfrecord/core/native/*.[ch])
 
-.PHONY: demo test lint bench clean test-lowest clean-lowest
+.PHONY: demo test lint bench docs clean test-lowest clean-lowest
 
 $(BIN)/python:
 	@test -n "$(PY)" || { echo "make: no python >= 3.11 found; install one or name it: make PY=/path/to/python3.12" >&2; exit 1; }
@@ -29,6 +29,11 @@ lint: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench
+
+# The docs site (mkdocs.yml, docs/) into site/: strict, so a warning (a broken link or anchor, a page
+# missing from the nav or from docs/) fails the build. Its code examples run in `make test`.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The lowest supported versions (.ci/lowest-constraints.txt: Ray 2.50, pyarrow 18, numpy 2.0, TF 2.18) in a
 # second venv, and the Ray- and TF-facing tests under them, so both ends of the Ray range run the same tests. The editable install rebuilds ray_tfrecord/core/_native*.so in place; with
@@ -63,4 +68,4 @@ clean-lowest:
 include fuzz.mk
 
 clean:
-	rm -rf $(VENV) build *.egg-info ray_tfrecord/core/*.so
+	rm -rf $(VENV) build site *.egg-info ray_tfrecord/core/*.so

@@ -2,7 +2,7 @@
 
 Example:
     >>> import ray, ray_tfrecord
-    >>> ds = ray.data.from_items([{"number": n % 3, "word": f"w{n}"} for n in range(9)])
+    >>> ds = ray.data.from_items([{"number": n % 3, "word": f"w{n}"} for n in range(9)])  # doctest: +SKIP
     >>> result = ray_tfrecord.write_tfrecords(  # doctest: +SKIP
     ...     ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
     >>> result.num_rows  # doctest: +SKIP

@@ -9,8 +9,7 @@ tasks of about the split size.
 
 Example::
 
-    >>> from ray_tfrecord.io import compat
-from ray_tfrecord.io.listing import DataFile
+    >>> from ray_tfrecord.io.listing import DataFile
     >>> from ray_tfrecord.io.planning import FileRange, pack_ranges
     >>> ranges = [FileRange.whole(DataFile(f"f{i}", 10, ())) for i in range(5)]
     >>> [[r.path for r in task] for task in pack_ranges(ranges, target_bytes=20)]

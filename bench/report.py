@@ -1,0 +1,192 @@
+"""A bench run's results as JSON, as a Markdown table and as a headline chart (PNG), in docs/img/ by default.
+
+The JSON holds every row the run printed, with when, where and with what it ran, so the chart can
+be drawn again (``python -m bench --chart-from docs/img/bench.json``) and the docs can quote one
+dated run. The chart has one panel per benchmark and dataset that has a peer: every implementation's
+rows/s in that run, ours in colour, on a log scale with each bar's ratio to ours, so each panel
+compares figures taken minutes apart on the same files and machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "img"
+# The sections whose figures make the headline chart, in this order; others stay in the JSON only.
+HEADLINE = ["codec", "ray_io", "feed", "train drain", "train fit"]
+OURS_COLOR, REFERENCE_COLOR, PEER_COLOR = "#d9480f", "#ffa94d", "#868e96"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine(name: str | None) -> dict:
+    """Where the run happened: the name given (``--machine``) and what the OS says."""
+    memory = _memory_gib()
+    return {
+        "name": name or platform.node(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(memory, 1) if memory else None,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        # Other work on the machine changes every figure; the docs quote the load beside the run.
+        "load_avg_at_start": _load(),
+    }
+
+
+def _load() -> list[float] | None:
+    return [round(v, 1) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def write_json(path: Path, rows: list[dict], argv: list[str], datasets: dict, machine_info: dict) -> dict:
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m bench " + shlex.join(argv),
+        "machine": {**machine_info, "load_avg_at_end": _load()},
+        "versions": {p: _version(p) for p in ("ray", "pyarrow", "numpy", "tensorflow", "ray_tfrecord")},
+        "datasets": datasets,
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_table(path.with_name("bench_table.md"), result)
+    return result
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def write_table(path: Path, result: dict) -> None:
+    """The run as Markdown, which docs/benchmarks.md includes: when, where, with what, then every row.
+    A ``note`` added to the JSON afterwards (what else ran on the machine) follows the run line."""
+    m, v, d = result["machine"], result["versions"], result["datasets"]
+    lines = [
+        f"**Run:** {result['date']}, `{result['command']}`, on {m['name']}: {m['cpus']} CPUs ({m['cpu']}), "
+        f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load average (1, 5, 15 min) "
+        f"{m['load_avg_at_start']} at the start, {m.get('load_avg_at_end') or 'not recorded'} at the end. "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ". "
+        + "; ".join(f"{name}: {x['rows']:,} rows, {x['mb']} MB" for name, x in d.items()) + "."
+        + (f" {result['note']}" if result.get("note") else ""),
+        "",
+        "| bench | dataset | implementation | rows/s | MB/s | note |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(f"| {r['bench']} | {r['dataset']} | {r['impl']} | {_fmt(r.get('rows_per_s'))} | "
+                     f"{_fmt(r.get('mb_per_s'), 1)} | {r.get('note', '')} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _ours(impl: str) -> bool:
+    return "ray_tfrecord" in impl
+
+
+def _reference(impl: str) -> bool:
+    """Our own codec outside Ray (ray_io's ceiling for every Ray read): neither ours-through-Ray nor a peer."""
+    return impl.startswith("in-process")
+
+
+def _color(impl: str) -> str:
+    return OURS_COLOR if _ours(impl) else REFERENCE_COLOR if _reference(impl) else PEER_COLOR
+
+
+def _operation(impl: str) -> tuple[str, str]:
+    """What a row measures, so each peer is compared with ours doing the same: writing or reading,
+    and the CPUs in the name's trailing parentheses ("(1 CPU)")."""
+    kind = "write" if any(w in impl.lower() for w in ("encode", "write")) else "read"
+    tag = impl.rsplit("(", 1)[1] if impl.endswith(")") and "CPU" in impl.rsplit("(", 1)[1] else ""
+    return kind, tag
+
+
+def _panels(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    panels: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if r["bench"] in HEADLINE and r.get("rows_per_s"):
+            panels.setdefault((r["bench"], r["dataset"]), []).append(r)
+    ordered = sorted(panels.items(), key=lambda kv: HEADLINE.index(kv[0][0]))
+    # A panel needs something to compare: ours and at least one peer.
+    return [(f"{bench}, {dataset}", group) for (bench, dataset), group in ordered
+            if any(_ours(r["impl"]) for r in group)
+            and any(not _ours(r["impl"]) and not _reference(r["impl"]) for r in group)]
+
+
+def _label(row: dict, group: list[dict]) -> str:
+    """A bar's rows/s, and for a peer how many times as fast ours is at the same operation (the
+    first of our rows for it, which is the one-thread or plain figure where there are several)."""
+    text = f"{row['rows_per_s']:,.0f}"
+    if not _ours(row["impl"]) and not _reference(row["impl"]):
+        same = [r for r in group if _ours(r["impl"]) and _operation(r["impl"]) == _operation(row["impl"])]
+        if same:
+            text += f"  (ours: {same[0]['rows_per_s'] / row['rows_per_s']:.1f}x)"
+    return text
+
+
+def draw(result: dict, path: Path) -> None:
+    """The headline PNG: a panel of horizontal bars (rows/s, log scale) per benchmark and dataset."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("python -m bench: drawing the chart needs matplotlib: pip install -e '.[dev]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = _panels(result["rows"])
+    if not panels:
+        print(f"python -m bench: no section of this run has a peer to compare with; {path} left as it was",
+              file=sys.stderr)
+        return
+    heights = [0.32 * len(group) + 0.9 for _, group in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (title, group) in zip(axes[:, 0], panels):
+        labels = [r["impl"] if len(r["impl"]) <= 70 else r["impl"][:67] + "..." for r in group]
+        rates = [r["rows_per_s"] for r in group]
+        colors = [_color(r["impl"]) for r in group]
+        ax.barh(range(len(group)), rates, color=colors)
+        ax.set_yticks(range(len(group)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10, loc="left")
+        for i, (rate, row) in enumerate(zip(rates, group)):
+            ax.text(rate, i, " " + _label(row, group), va="center", fontsize=7)
+        ax.set_xlim(min(rates) / 2, max(rates) * 10)
+        ax.tick_params(axis="x", labelsize=8)
+    m = result["machine"]
+    fig.suptitle(f"rows/s, log scale: ray_tfrecord (orange; light: its codec alone, no Ray) and its peers (grey), "
+                 f"same run, same files\n"
+                 f"{result['date']}, {m['name']}: {m['cpus']} CPUs ({m['cpu']})\n{result['command']}",
+                 fontsize=9, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / sum(heights)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
