@@ -27,7 +27,7 @@ from ray_tfrecord.core.framing import RecordWriter
 from ray_tfrecord.core.index import IndexBuilder, write_index
 from ray_tfrecord.core.layout import is_hidden_name
 from ray_tfrecord.core.schema import merge_recorded, stored_schema
-from ray_tfrecord.io.commit import StagedFile, make_dirs
+from ray_tfrecord.io.commit import StagedFile, checkpoint_file_base, make_dirs
 from ray_tfrecord.io.partitioning import split_by_partitions
 
 __all__ = ["WriteConfig", "write_tables"]
@@ -54,6 +54,7 @@ class WriteConfig:
     allow_float64_narrowing: bool
     allow_decimal_narrowing: bool
     max_open_files: int  # per task; beyond it the least recently used file is closed
+    checkpointed: bool = False  # a job checkpoint: files are named for Ray's recovery (checkpoint_file_base)
 
     @property
     def extension(self) -> str:
@@ -192,6 +193,8 @@ class _TaskFiles:
         """The next file's name in ``part_dir``: ours, or the filename_provider's."""
         number = self._opened_in.get(part_dir, 0)
         self._opened_in[part_dir] = number + 1
+        if self._config.checkpointed:
+            return f"{checkpoint_file_base(self._task_idx, self._write_uuid)}-{number}{self._config.extension}"
         if self._config.filename_provider is None:
             return f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"
         if self._provided_name is None:
