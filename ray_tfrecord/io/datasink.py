@@ -202,8 +202,10 @@ class TFRecordDatasink(_Base):
     def check_schema(self, schema: pa.Schema) -> None:
         """Raise if rows of ``schema`` cannot be written with this sink's options (partition
         columns, types TFRecord cannot encode, types that contradict the dataset appended to), so
-        that a caller who knows the schema fails before executing the dataset."""
+        that a caller who knows the schema fails before executing the dataset; the write then
+        knows the element type of list columns that are all empty in some block."""
         self._config.check_schema(schema, self.commit.recorded)
+        self._config = self._config.knowing(schema)
 
     # -- driver side ------------------------------------------------------------------
 
@@ -215,8 +217,8 @@ class TFRecordDatasink(_Base):
             config = compat.checkpoint_config(context)
             if config is not None:
                 if self._config.filename_provider is not None:
-                    raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun must "
-                                     "find each task's files by the name Ray gave the task; leave filename_provider out")
+                    raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
+                                     "each task's files by the name Ray gave the task; leave filename_provider out")
                 self.commit.use_checkpoint(config.checkpoint_path, started=compat.checkpoint_started(config))
                 self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
             self._skips = self.commit.apply_mode()
