@@ -135,6 +135,7 @@ def job(src: str, out: str, checkpoint: str, options: dict) -> None:
     ctx.target_max_block_size = BLOCK_BYTES
     ctx.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=checkpoint)
     fault, marker = options.pop("fault", None), options.pop("marker", None)
+    options.setdefault("min_rows_per_file", ROWS // SRC_FILES)  # about 8 write tasks, each of several blocks
     ds = read_tfrecords(src, override_num_blocks=SRC_FILES).map_batches(add_columns, batch_format="pyarrow")
     if fault:
         sink = FaultSink(out, fault=fault, marker=marker, **options)
