@@ -129,7 +129,10 @@ def job(src: str, out: str, checkpoint: str, options: dict) -> None:
     """A user's batch job: read ``src``, score, write ``out`` under a checkpoint."""
     from ray.data.checkpoint import CheckpointConfig
 
-    ray.init(address="local", num_cpus=options.pop("num_cpus"), include_dashboard=False, log_to_driver=False,
+    # ``num_cpus`` is for the job's tasks: on a rerun, Ray's CheckpointFilter actor holds one CPU more
+    # (Ray reserves a whole CPU for it, so a rerun on a 1-CPU cluster would wait forever).
+    cpus = options.pop("num_cpus") + (1 if os.path.isdir(checkpoint) and os.listdir(checkpoint) else 0)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
              object_store_memory=200 << 20)
     ctx = DataContext.get_current()
     ctx.target_max_block_size = BLOCK_BYTES

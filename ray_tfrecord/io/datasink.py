@@ -219,7 +219,13 @@ class TFRecordDatasink(_Base):
                 if self._config.filename_provider is not None:
                     raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
                                      "each task's files by the name Ray gave the task; leave filename_provider out")
-                self.commit.use_checkpoint(config.checkpoint_path, started=compat.checkpoint_started(config))
+                started = compat.checkpoint_started(config)
+                self.commit.use_checkpoint(config.checkpoint_path, started=started)
+                cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 2
+                if started and cpus < 2:
+                    logger.warning("Ray's checkpoint filter holds one CPU for an actor while a checkpointed job runs "
+                                   "again, and this cluster has %s: the job's tasks may wait forever. Give Ray at "
+                                   "least 2 CPUs, e.g. ray.init(num_cpus=2)", cpus)
                 self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
             self._skips = self.commit.apply_mode()
             if self.commit.completed is not None:
@@ -261,8 +267,12 @@ class TFRecordDatasink(_Base):
                     check_encodable(pa.schema([f]), self._config.record_type)
 
     def on_write_failed(self, error: Exception) -> None:
-        logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
-                       task_cause(error) or error)
+        if self.commit.checkpoint is not None:
+            logger.warning("Write to %s failed; the files of the write tasks that completed stay, and running the "
+                           "job again continues it: %s", self.commit.path, task_cause(error) or error)
+        else:
+            logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
+                           task_cause(error) or error)
         self.commit.abort()
 
     @property
