@@ -284,12 +284,12 @@ def inference(
 
 
 def _checkpoint_config(key_columns: Sequence[str], checkpoint_path: str) -> Any:
-    if not compat.CHECKPOINTS:
-        raise ValueError(f"checkpoint_path needs Ray 2.60's job checkpointing; Ray {ray.__version__} has "
-                         "none. Upgrade Ray, or leave checkpoint_path out")
     if len(key_columns) != 1:
         raise ValueError(f"checkpoint_path needs exactly one key column, Ray's id for a row; got key_columns="
                          f"{list(key_columns)}. Add one unique id column to the input and pass it alone")
+    if not compat.CHECKPOINTS:
+        raise ValueError(f"checkpoint_path needs Ray 2.60's job checkpointing; Ray {ray.__version__} has "
+                         "none. Upgrade Ray, or leave checkpoint_path out")
     from ray.data.checkpoint import CheckpointConfig
 
     return CheckpointConfig(id_column=key_columns[0], checkpoint_path=checkpoint_path)
