@@ -23,6 +23,7 @@ import tf_keras
 import ray_tfrecord
 from ray_tfrecord.io import compat
 from ray_tfrecord.tf.inference import inference, predict
+from tests.test_checkpoint_jobs import start_ray
 from tests.test_faults import reap_session
 
 pytestmark = pytest.mark.timeout(300)
@@ -232,7 +233,7 @@ def _slow(batch: pa.Table) -> pa.Table:
 
 
 def inference_job(src: str, model: str, out: str, checkpoint: str, output_format: str) -> None:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 << 20)
+    start_ray(num_cpus=2)
     ds = ray_tfrecord.read_tfrecords(src, override_num_blocks=8).map_batches(_slow, batch_format="pyarrow")
     inference(ds, model, out, features="x", key_columns=["id"], output_format=output_format, batch_size=64,
               num_cpus=0.5, checkpoint_path=checkpoint)
