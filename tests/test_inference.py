@@ -1,12 +1,6 @@
 """Batch inference: saved models over Ray datasets, one keyed output row per input row."""
 
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -16,21 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-import ray.cloudpickle
 import tensorflow as tf
 import tf_keras
 
 import ray_tfrecord
-from ray_tfrecord.io import compat
 from ray_tfrecord.tf.inference import inference, predict
-from tests.test_checkpoint_jobs import start_ray
-from tests.test_faults import reap_session
 
 pytestmark = pytest.mark.timeout(300)
 
-REPO = Path(__file__).resolve().parent.parent
-# Workers cannot import this module (tests/ is not installed); ship its functions by value.
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROWS = 103  # not a multiple of the batch size: the last batch is partial
 
 
@@ -222,69 +209,6 @@ def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
 
 
 # -- resumable inference (Ray 2.60's job checkpointing) ---------------------------------------------
-
-
-def _slow(batch: pa.Table) -> pa.Table:
-    """Stands in for a slow model, so that the job is killed halfway."""
-    import time
-
-    time.sleep(0.5)
-    return batch
-
-
-def inference_job(src: str, model: str, out: str, checkpoint: str, output_format: str) -> None:
-    start_ray(num_cpus=2)
-    ds = ray_tfrecord.read_tfrecords(src, override_num_blocks=8).map_batches(_slow, batch_format="pyarrow")
-    inference(ds, model, out, features="x", key_columns=["id"], output_format=output_format, batch_size=64,
-              num_cpus=0.5, checkpoint_path=checkpoint)
-    ray.shutdown()
-
-
-@pytest.mark.skipif(not compat.CHECKPOINTS, reason=f"Ray {ray.__version__} has no two-phase job checkpointing")
-@pytest.mark.parametrize("output_format", ["tfrecord", "parquet"])
-def test_a_killed_inference_job_resumes_and_writes_every_key_once(ray_local, tmp_path, output_format):
-    """Killed (SIGKILL of its process group) once Ray has committed some keys, run again with the same call
-    (mode="error", the default: the rerun continues the first run's output): each key once, with its
-    prediction."""
-    rows = 1600
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((rows, 5)).astype(np.float32)
-    table = pa.table({"id": np.arange(rows), "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 5)})
-    ray_tfrecord.write_tfrecords(ray.data.from_arrow(table).repartition(8), str(tmp_path / "src"))
-    model = _dense_model()
-    model.save(str(tmp_path / "model.keras"))
-    args = [str(tmp_path / "src"), str(tmp_path / "model.keras"), str(tmp_path / "out"), str(tmp_path / "ckpt"),
-            output_format]
-    code = "import json, sys; from tests.test_inference import inference_job; inference_job(*json.loads(sys.argv[1]))"
-    command = [sys.executable, "-c", code, json.dumps(args)]
-    env = {**os.environ, "RAY_ADDRESS": "local"}
-
-    first = subprocess.Popen(command, cwd=REPO, start_new_session=True, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while len([p for p in (tmp_path / "ckpt").glob("*.parquet") if ".pending." not in p.name]) < 2:
-            assert first.poll() is None, f"the job ended before it was killed:\n{first.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
-    finally:
-        reap_session(first.pid)
-    assert first.returncode == -signal.SIGKILL
-    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-4000:]
-
-    if output_format == "tfrecord":
-        got = pa.Table.from_pylist(ray_tfrecord.read_tfrecords(str(tmp_path / "out")).take_all())
-    else:
-        got = pq.read_table(str(tmp_path / "out"))
-    ids = got.column("id").to_numpy()
-    print(f"\nFAULT inference ({output_format}), killed after 2 committed checkpoint files: keys expected {rows}, "
-          f"found {len(ids)}, distinct {len(set(ids.tolist()))}")
-    assert sorted(ids.tolist()) == list(range(rows))
-    preds = np.asarray(got.column("prediction").combine_chunks().flatten()).reshape(-1, 3)[np.argsort(ids)]
-    np.testing.assert_allclose(preds, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
 def test_a_checkpointed_inference_needs_one_key_column(ray_local):
