@@ -173,3 +173,122 @@ def test_the_commit_protocol_imports_no_ray():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# -- under Ray's job checkpointing (the commit per write task) -----------------------------------
+
+
+def _checkpointed(path, mode: str, *, started: bool) -> Commit:
+    commit = Commit(LOCAL, str(path), mode)
+    commit.use_checkpoint("/ckpt/job-1", started=started)
+    return commit
+
+
+def _publish(commit: Commit, task: int, run: str, schema: pa.Schema, *, index: bool = True) -> list[StagedFile]:
+    """A checkpointed write task: stage a file named for Ray's recovery, then publish it."""
+    base = f"part-{task:05d}-{run}"
+    return commit.publish([_stage(commit, f"{base}-0.tfrecord", index=index)], [schema], base)
+
+
+def test_a_checkpointed_task_publishes_its_files_and_the_reruns_continue(tmp_path):
+    out = tmp_path / "out"
+    first = _checkpointed(out, "error", started=False)
+    assert not first.apply_mode()
+    first.start()
+    assert first.staging == f"{out}/{STAGING_DIR}/checkpoint-{first.checkpoint}"
+    published = _publish(first, 0, "a" * 32, _schema(x=pa.int64()))
+    assert all(f.in_place for f in published)
+    # In place before the task returns, sidecar included; its schema recorded in the staging directory.
+    assert _tree(out) == [f"_index.part-00000-{'a' * 32}-0%2Etfrecord", f"part-00000-{'a' * 32}-0.tfrecord"]
+    assert [n for n in os.listdir(first.staging) if n.endswith(".schema")] == [f"part-00000-{'a' * 32}.0.schema"]
+    first.abort()  # a failed run keeps what its tasks published: Ray recorded their ids
+    assert len(_tree(out)) == 2 and os.path.isdir(first.staging)
+
+    # The rerun (Ray's checkpoint holds records): mode="error" does not refuse the first run's output.
+    rerun = _checkpointed(out, "error", started=True)
+    assert not rerun.apply_mode()
+    rerun.start()
+    second = _publish(rerun, 0, "b" * 32, _schema(x=pa.int64(), y=pa.string()))
+    result = rerun.finish(second, [])
+    assert result.num_rows == second[0].rows  # this run's rows
+    assert read_stored_schema(LOCAL, str(out)) == _schema(x=pa.int64(), y=pa.string())  # both runs' schemas
+    assert SUCCESS_MARKER in os.listdir(out) and STAGING_DIR not in os.listdir(out)
+
+
+def test_a_checkpointed_overwrite_clears_on_the_first_run_only(tmp_path):
+    out = tmp_path / "out"
+    _write(out, "error", "old-0.tfrecord", "k=1/old-1.tfrecord")
+    first = _checkpointed(out, "overwrite", started=False)
+    assert not first.apply_mode()
+    first.start()
+    assert _tree(out) == []  # the old dataset went first: the new one appears task by task
+    _publish(first, 0, "a" * 32, _schema(x=pa.int64()))
+    rerun = _checkpointed(out, "overwrite", started=True)
+    assert not rerun.apply_mode()
+    rerun.start()
+    assert len(_tree(out)) == 2  # the first run's file and sidecar stay
+    rerun.finish([], [])
+    assert read_stored_schema(LOCAL, str(out)) == _schema(x=pa.int64())
+
+
+def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_path):
+    """Ray deletes its checkpoint on success, before the driver's final commit: the staging directory
+    still holding task records then says the data is complete."""
+    out = tmp_path / "out"
+    first = _checkpointed(out, "append", started=False)
+    assert not first.apply_mode()
+    first.start()
+    _publish(first, 0, "a" * 32, _schema(x=pa.int64()))
+    rerun = _checkpointed(out, "append", started=False)
+    assert rerun.apply_mode()  # nothing to write
+    assert rerun.completed is not None and rerun.completed.num_rows == 0
+    assert sorted(os.listdir(out)) == sorted([SCHEMA_FILE, SUCCESS_MARKER, f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
+                                              f"part-00000-{'a' * 32}-0.tfrecord"])
+
+
+def test_the_final_commit_removes_sidecars_whose_file_ray_deleted(tmp_path):
+    """Ray's recovery deletes a killed task's files by name; their sidecars (``_index.``) and emptied
+    partition directories go in the final commit."""
+    out = tmp_path / "out"
+    commit = _checkpointed(out, "error", started=False)
+    assert not commit.apply_mode()
+    commit.start()
+    kept = _publish(commit, 0, "a" * 32, _schema(x=pa.int64()))
+    base = f"part-00001-{'a' * 32}"
+    gone = commit.publish([_stage(commit, f"k=1/{base}-0.tfrecord", index=True)], [_schema(x=pa.int64())], base)
+    os.remove(out / "k=1" / f"{base}-0.tfrecord")  # what Ray's recovery does
+    for name in os.listdir(commit.staging):
+        if name.startswith(base):
+            os.remove(os.path.join(commit.staging, name))
+    commit.finish([], [])
+    assert _tree(out) == sorted([SCHEMA_FILE, SUCCESS_MARKER, f"_index.{kept[0].rel_path.replace('.', '%2E')}",
+                                 kept[0].rel_path])
+    assert gone and not (out / "k=1").exists()
+
+
+def test_appending_to_files_with_no_recorded_schema_stays_unrecorded_across_runs(tmp_path):
+    out = tmp_path / "out"
+    _write(out, "error", "old-0.tfrecord")
+    os.remove(out / SCHEMA_FILE)
+    first = _checkpointed(out, "append", started=False)
+    assert not first.apply_mode()
+    first.start()
+    _publish(first, 0, "a" * 32, _schema(x=pa.int64()))
+    rerun = _checkpointed(out, "append", started=True)
+    assert not rerun.apply_mode()
+    rerun.start()
+    rerun.finish([], [])
+    assert SCHEMA_FILE not in os.listdir(out)  # the old files' schema is unknown: nothing is recorded
+
+
+def test_checkpointed_error_and_ignore_apply_to_the_first_run_only(tmp_path):
+    out = tmp_path / "out"
+    _write(out, "error", "old-0.tfrecord")
+    with pytest.raises(ValueError, match="already exists"):
+        _checkpointed(out, "error", started=False).apply_mode()
+    ignore = _checkpointed(out, "ignore", started=False)
+    assert ignore.apply_mode() and ignore.skipped
+    # A rerun (its checkpoint holds records) writes into what the first run started, whatever the mode.
+    for mode in ("error", "ignore"):
+        rerun = _checkpointed(out, mode, started=True)
+        assert not rerun.apply_mode() and not rerun.skipped

@@ -549,3 +549,54 @@ def test_small_blocks_gather_into_one_file_on_every_ray(ray_local, tmp_path):
     ds = ray.data.from_items([{"id": i} for i in range(200)], override_num_blocks=20)
     result = write_tfrecords(ds, tmp_path / "out")
     assert result.num_files == 1 and sorted(_parsed_ids(result.files[0])) == list(range(200))
+
+
+def _file_bytes(out) -> bytes:
+    files = visible_files(out)
+    assert len(files) == 1
+    with open(files[0], "rb") as f:
+        return f.read()
+
+
+def _kinds(out) -> list:
+    return [tf.train.Example.FromString(r.numpy()).features.feature["vals"].WhichOneof("kind")
+            for r in tf.data.TFRecordDataset(visible_files(out))]
+
+
+def test_a_block_of_only_empty_lists_writes_typed_empty_lists(ray_local, tmp_path):
+    """Arrow types a list column whose values are all empty in a block list<null>; the element type
+    another block of the task gives it (even a later one) makes them int64_list {}, byte for byte
+    what the same rows in one block write, as TensorFlow's proto parser sees."""
+    empty = pa.table({"id": [0, 1], "vals": [[], []]})
+    full = pa.table({"id": [2, 3], "vals": [[7], [8, 9]]})
+    assert pa.types.is_null(empty.schema.field("vals").type.value_type)
+    one_block = pa.concat_tables([empty.cast(full.schema), full])
+    write_tfrecords(ray.data.from_arrow(one_block), tmp_path / "one")
+    # Two blocks, the empty one first, in one write task (min_rows_per_file gathers them); through the
+    # sink alone, so that only the task's later block tells the type (write_tfrecords also passes the
+    # dataset's schema when Ray knows it without executing).
+    ray.data.from_arrow([empty, full]).write_datasink(TFRecordDatasink(tmp_path / "two", min_rows_per_file=4))
+    assert _kinds(tmp_path / "one") == ["int64_list"] * 4
+    assert _file_bytes(tmp_path / "two") == _file_bytes(tmp_path / "one")
+    parsed = [tf.io.parse_single_example(r, {"vals": tf.io.VarLenFeature(tf.int64)})["vals"].values.numpy().tolist()
+              for r in tf.data.TFRecordDataset(visible_files(tmp_path / "two"))]
+    assert parsed == [[], [], [7], [8, 9]]
+    assert [r["vals"] for r in read_tfrecords(tmp_path / "two").take_all()] == [[], [], [7], [8, 9]]
+
+
+def test_empty_lists_take_the_type_recorded_by_the_dataset_appended_to(ray_local, tmp_path):
+    out = tmp_path / "out"
+    write_tfrecords(ray.data.from_arrow(pa.table({"id": [1], "vals": pa.array([[1.5]], pa.list_(pa.float32()))})), out)
+    write_tfrecords(ray.data.from_arrow(pa.table({"id": [2], "vals": [[]]})), out, mode="append")
+    kinds = sorted(tf.train.Example.FromString(r.numpy()).features.feature["vals"].WhichOneof("kind")
+                   for r in tf.data.TFRecordDataset(visible_files(out)))
+    assert kinds == ["float_list", "float_list"]
+    assert sorted(map(str, (r["vals"] for r in read_tfrecords(out).take_all()))) == ["[1.5]", "[]"]
+
+
+def test_empty_lists_with_no_type_anywhere_stay_features_of_no_kind(ray_local, tmp_path):
+    write_tfrecords(ray.data.from_arrow(pa.table({"id": [0], "vals": [[]]})), tmp_path / "out")
+    assert _kinds(tmp_path / "out") == [None]
+    parsed = [tf.io.parse_single_example(r, {"vals": tf.io.VarLenFeature(tf.int64)})["vals"].values.numpy().tolist()
+              for r in tf.data.TFRecordDataset(visible_files(tmp_path / "out"))]
+    assert parsed == [[]]

@@ -206,3 +206,12 @@ def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
     assert [_keras_generation(str(tmp_path / name)) for name in names] == [2, 3, 2, None]
     with pytest.raises(ValueError, match=r"text.keras: not a Keras .keras file \(File is not a zip file\)"):
         _keras_generation(str(tmp_path / "text.keras"))
+
+
+# -- resumable inference (Ray 2.60's job checkpointing) ---------------------------------------------
+
+
+def test_a_checkpointed_inference_needs_one_key_column(ray_local):
+    with pytest.raises(ValueError, match="exactly one key column"):
+        inference(ray.data.range(3), "unused.keras", "/nonexistent", features="id", key_columns=["id", "id2"],
+                  checkpoint_path="/nonexistent-checkpoint")

@@ -16,6 +16,20 @@ What a concurrent reader sees:
    ``overwrite``, deletes the files that were there before, then removes the staging directory,
    records the schema and writes ``_SUCCESS`` last. A failed write calls :meth:`Commit.abort`.
 
+Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) the commit is per write task
+instead, because Ray records a task's ids as done when the task returns, and a rerun skips them: the
+task's files must be in place by then. Ray writes the ids as a pending record before the task writes;
+:meth:`Commit.publish` (in the task) moves the task's staged files into place (each a rename, so never
+half-written) and Ray then commits the record. A job killed between the two leaves a pending record; the
+rerun's recovery (Ray's) deletes the files named after it and writes those rows again. Files are named
+``part-<task>-<write id>-<n>`` so that Ray can match them. The staging directory is then
+``_temporary/checkpoint-<key of the checkpoint path>/``, the same in every run of the job: it holds each
+task's record schemas, and its presence after Ray deleted its checkpoint (on success) says the data is
+complete and only this commit's last steps remain. :meth:`Commit.apply_mode` applies the save mode on the
+job's first run only; reruns continue it. :meth:`Commit.finish` then records the schema of every run's
+files, removes index sidecars whose data file Ray deleted, writes ``_SUCCESS`` and removes the staging
+directory last.
+
 During step 2 a reader listing the directory may see a partial dataset: some of the new files
 (``append``), or for ``overwrite`` the old files plus some of the new ones, until the old ones are
 deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds; on
@@ -36,9 +50,12 @@ Example (``staged`` and ``schemas`` are what the writers report)::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import posixpath
+import re
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,12 +67,28 @@ import pyarrow.fs as pafs
 from ray_tfrecord.core import options
 from ray_tfrecord.core.errors import SchemaError, TFRecordError
 from ray_tfrecord.core.index import index_path
-from ray_tfrecord.core.layout import SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord.core.layout import INDEX_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
 from ray_tfrecord.core.schema import merge_recorded, read_stored_schema
 
-__all__ = ["Commit", "StagedFile", "TFRecordWriteResult", "dataset_exists", "make_dirs"]
+__all__ = ["Commit", "StagedFile", "TFRecordWriteResult", "checkpoint_file_base", "dataset_exists", "make_dirs"]
 
 logger = logging.getLogger(__name__)
+
+# A checkpointed job's staging directory, ``_temporary/checkpoint-<key>``, and what it holds besides staged
+# files: one record per schema a task wrote (``<task's file base>.<n>.schema``, so Ray's recovery deletes it
+# with the task's files) and, when the job appends to files whose schema was never recorded, a marker.
+_CHECKPOINT_STAGING = "checkpoint-"
+_SCHEMA_RECORD = ".schema"
+_UNRECORDED = "_unrecorded"
+# The data files of checkpointed tasks (checkpoint_file_base), as an index sidecar names them.
+_CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
+
+
+def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
+    """The start of every file name a write task uses under checkpointing; Ray's recovery deletes the files
+    whose names start with a pending record's base, so no other task's name may start with it (the ``-``
+    after the task number)."""
+    return f"part-{task_idx:05d}-{write_uuid}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +113,7 @@ class StagedFile(NamedTuple):
     rows: int
     size: int
     has_index: bool  # whether its index sidecar was staged too
+    in_place: bool = False  # already moved into place by its task (checkpointed write, Commit.publish)
 
 
 def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> None:
@@ -131,11 +165,29 @@ class Commit:
         #: (appended rows must agree with it), and whether ``ignore`` skips the write.
         self.recorded: pa.Schema | None = None
         self.skipped = False
+        #: Set by :meth:`use_checkpoint`: the job checkpoint this write takes part in; and by
+        #: :meth:`apply_mode`: whether a rerun found the job's data complete (and completed its commit).
+        self.checkpoint: str | None = None
+        self.completed: TFRecordWriteResult | None = None
         self._created_root = False
+
+    def use_checkpoint(self, checkpoint_path: str, *, started: bool) -> None:
+        """Take part in the job checkpoint at ``checkpoint_path`` (call before :meth:`apply_mode`);
+        ``started``: it holds records, so this run continues an earlier one."""
+        self.checkpoint = hashlib.sha256(checkpoint_path.encode()).hexdigest()[:16]
+        self.staging = posixpath.join(self.path, STAGING_DIR, _CHECKPOINT_STAGING + self.checkpoint)
+        self._checkpoint_started = started
 
     def apply_mode(self) -> bool:
         """Apply the save mode to what is at the destination: raise ``ValueError`` for ``error``,
         return ``True`` (write nothing) for ``ignore``, ``False`` to go ahead."""
+        if self.checkpoint is not None:
+            if self._checkpoint_started:  # a rerun continues what the earlier runs wrote, whatever the mode
+                self.recorded = read_stored_schema(self.filesystem, self.path)
+                return False
+            if self._schema_records():  # Ray deleted its checkpoint on success: only our last steps remain
+                self.completed = self.finish([], [])
+                return True
         if not dataset_exists(self.filesystem, self.path):
             return False
         if self.mode == "append":
@@ -153,8 +205,54 @@ class Commit:
 
     def start(self) -> None:
         """Create the staging directory (after :meth:`apply_mode` said to go ahead)."""
-        self._created_root = self.filesystem.get_file_info(self.path).type == pafs.FileType.NotFound
-        make_dirs(self.filesystem, self.staging, object_store=self.object_store)
+        fs = self.filesystem
+        self._created_root = fs.get_file_info(self.path).type == pafs.FileType.NotFound
+        if self.checkpoint is not None and not self._checkpoint_started:
+            # The job's first run. Its files become visible task by task, so the ones an overwrite replaces
+            # go first (as Ray's own file writers do); the reruns keep all of them.
+            if self.mode == "overwrite":
+                old = _list_old_files(fs, self.path)
+                for path in old:
+                    fs.delete_file(path)
+                _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
+            elif self.mode == "append" and dataset_exists(fs, self.path) and self.recorded is None:
+                make_dirs(fs, self.staging, object_store=self.object_store)
+                fs.open_output_stream(posixpath.join(self.staging, _UNRECORDED), compression=None).close()
+        make_dirs(fs, self.staging, object_store=self.object_store)
+
+    def publish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], base: str) -> list[StagedFile]:
+        """In a checkpointed write task: record the task's ``schemas``, make its ``staged`` files durable
+        and move them into place (sidecar first), before Ray commits the task's ids. ``base``: the
+        :func:`checkpoint_file_base` of the task's files. Returns the files, marked in place."""
+        fs = self.filesystem
+        for n, schema in enumerate(schemas):
+            with fs.open_output_stream(posixpath.join(self.staging, f"{base}.{n}{_SCHEMA_RECORD}"),
+                                       compression=None) as out:
+                out.write(schema.serialize())
+        moves = []
+        for f in staged:
+            src, dst = posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)
+            if f.has_index:
+                moves.append((index_path(src, self.staging), index_path(dst, self.path)))
+            moves.append((src, dst))
+        self._sync(src for src, _ in moves)
+        for src, dst in moves:
+            make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
+            fs.move(src, dst)
+        self._sync({posixpath.dirname(dst) for _, dst in moves})
+        return [f._replace(in_place=True) for f in staged]
+
+    def _sync(self, paths: Iterable[str]) -> None:
+        """Flush files or directories to disk (local filesystems; a move elsewhere is a durable copy):
+        Ray's record of the rows must not outlive them in a power loss."""
+        if not self._local:
+            return
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def finish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], *,
                names_from_caller: bool = False) -> TFRecordWriteResult:
@@ -164,18 +262,21 @@ class Commit:
         if names_from_caller:
             self._refuse_name_clashes(staged)
         fs = self.filesystem
-        old = _list_old_files(fs, self.path) if self.mode == "overwrite" else []
+        checkpointed = self.checkpoint is not None
+        old = _list_old_files(fs, self.path) if self.mode == "overwrite" and not checkpointed else []
         appended_to_data = self.mode == "append" and dataset_exists(fs, self.path)
 
         final_paths = []
         for f in staged:
             src = posixpath.join(self.staging, f.rel_path)
             dst = posixpath.join(self.path, f.rel_path)
+            final_paths.append(dst)
+            if f.in_place:
+                continue
             make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
             if f.has_index:
                 fs.move(index_path(src, self.staging), index_path(dst, self.path))
             fs.move(src, dst)
-            final_paths.append(dst)
 
         if old:
             new = set(final_paths) | {index_path(p, self.path) for p in final_paths}
@@ -183,10 +284,20 @@ class Commit:
                 if path not in new:
                     fs.delete_file(path)
             _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
-        self._remove_staging()
-        self._record_schema(schemas, appended_to_data)
+        if checkpointed:
+            # Every run's files count: the schemas their tasks recorded, over the one recorded before the
+            # job (gone if the job appended to files without one). The staging directory goes last: while
+            # it is there, a rerun finds this commit to complete.
+            self._remove_orphan_sidecars()
+            unrecorded = fs.get_file_info(posixpath.join(self.staging, _UNRECORDED)).type == pafs.FileType.File
+            self._record_schema([*self._schema_records(), *schemas], unrecorded)
+        else:
+            self._remove_staging()
+            self._record_schema(schemas, appended_to_data)
         with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
             pass
+        if checkpointed:
+            self._remove_staging()
         return TFRecordWriteResult(
             num_rows=sum(f.rows for f in staged),
             files=final_paths,
@@ -195,7 +306,10 @@ class Commit:
 
     def abort(self) -> None:
         """Remove what a failed write staged, and the dataset directory if this write created it
-        and it holds nothing else."""
+        and it holds nothing else. A checkpointed write keeps both: its tasks' files are in place and
+        their ids recorded, and the rerun continues them."""
+        if self.checkpoint is not None:
+            return
         self._remove_staging()
         if self._created_root and not dataset_exists(self.filesystem, self.path):
             self.filesystem.delete_dir(self.path)
@@ -224,10 +338,16 @@ class Commit:
 
         It records the schema every writer wrote, merged into the one recorded before for an append
         (:func:`~ray_tfrecord.core.schema.merge_recorded`); it is removed when writers wrote conflicting
-        types, or when appending to files whose schema was not recorded.
+        types, or when appending to files whose schema was not recorded. A checkpointed write always
+        merges into what is recorded (its first run removed it for an overwrite); ``appended_to_data``
+        then says that the job appended to files without one.
         """
         fs = self.filesystem
-        merged = read_stored_schema(fs, self.path) if appended_to_data else None
+        if self.checkpoint is not None:
+            merged = None if appended_to_data else read_stored_schema(fs, self.path)
+            appended_to_data = appended_to_data or merged is not None
+        else:
+            merged = read_stored_schema(fs, self.path) if appended_to_data else None
         if merged is not None or not appended_to_data:
             try:
                 for schema in written:
@@ -240,6 +360,35 @@ class Commit:
                 f.write(merged.serialize())
         elif fs.get_file_info(path).type == pafs.FileType.File:
             fs.delete_file(path)
+
+    def _schema_records(self) -> list[pa.Schema]:
+        """The schemas a checkpointed job's tasks recorded, in every run so far."""
+        entries = self.filesystem.get_file_info(pafs.FileSelector(self.staging, allow_not_found=True))
+        records = sorted(e.path for e in entries if e.is_file and e.path.endswith(_SCHEMA_RECORD))
+        out = []
+        for path in records:
+            with self.filesystem.open_input_file(path) as f:
+                out.append(pa.ipc.read_schema(pa.py_buffer(f.read())))
+        return out
+
+    def _remove_orphan_sidecars(self) -> None:
+        """Ray's recovery deletes the files of a task killed before its ids were committed, not their index
+        sidecars (whose names start ``_index.``); remove those, and the partition directories left empty."""
+        fs = self.filesystem
+        top = fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        sidecars = {e.path: urllib.parse.unquote(posixpath.basename(e.path)[len(INDEX_PREFIX):]) for e in top
+                    if e.is_file and posixpath.basename(e.path).startswith(INDEX_PREFIX)}
+        ours = {p: rel for p, rel in sidecars.items() if _CHECKPOINTED_FILE.match(posixpath.basename(rel))}
+        if not ours:
+            return
+        staging = posixpath.join(self.path, STAGING_DIR) + "/"
+        listing = [e for e in fs.get_file_info(pafs.FileSelector(self.path, recursive=True))
+                   if not e.path.startswith(staging)]
+        present = {posixpath.relpath(e.path, self.path) for e in listing if e.is_file}
+        for path, rel in ours.items():
+            if rel not in present:
+                fs.delete_file(path)
+        _remove_empty_dirs(fs, self.path, {e.path for e in listing if e.type == pafs.FileType.Directory})
 
     def _remove_staging(self) -> None:
         if self.filesystem.get_file_info(self.staging).type != pafs.FileType.NotFound:

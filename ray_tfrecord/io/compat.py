@@ -47,7 +47,12 @@ __all__ = [
     "pickleable_filesystem",
     "resolve_paths",
     "retrying_filesystem",
+    "CHECKPOINTS",
+    "FileDatasinkBase",
     "actor_pool_args",
+    "checkpoint_config",
+    "checkpoint_started",
+    "task_checkpoints_pending",
     "ray_call_args",
     "shuffle_seed",
     "train_v2_enabled",
@@ -285,3 +290,59 @@ def elastic_training() -> bool:
 _untested = untested_ray_message(ray.__version__)
 if _untested:
     warnings.warn(_untested, stacklevel=2)
+
+
+# Ray 2.60's job checkpointing (``DataContext.checkpoint_config``, public) records a write task's ids in two
+# phases only for subclasses of its private ``_FileDatasink`` (ids pending before the task writes, committed
+# after it returns, and on a rerun the data files named after a pending record deleted); any other sink gets
+# post-write checkpointing, which loses every row a staged sink has not committed when the job is killed.
+# TFRecordDatasink derives from ``_FileDatasink`` where that two-phase path exists, and raises if a release has
+# checkpointing without it. ``_pending_checkpoints`` (no public accessor) is where a write task's context holds
+# the pending records the task must make its files visible before returning for.
+def _probe_checkpoints() -> tuple[type, str | None]:
+    from ray.data.datasource import Datasink
+
+    if not hasattr(DataContext, "checkpoint_config"):
+        return Datasink, None
+    try:
+        two_phase = importlib.import_module("ray.data._internal.planner.checkpoint.plan_write_op")
+        plan_write = importlib.import_module("ray.data._internal.planner.plan_write_op")
+        base = importlib.import_module("ray.data.datasource.file_datasink")._FileDatasink
+        key = plan_write.PENDING_CHECKPOINTS_KWARG_NAME
+        two_phase._generate_prepare_checkpoint_transform  # noqa: B018 - the path TFRecordDatasink relies on
+    except (ImportError, AttributeError):
+        return Datasink, None
+    return base, key
+
+
+FileDatasinkBase, _PENDING_CHECKPOINTS_KEY = _probe_checkpoints()
+#: Whether Ray has job checkpointing that a TFRecord write can take part in (two-phase, per write task).
+CHECKPOINTS = _PENDING_CHECKPOINTS_KEY is not None
+
+
+def checkpoint_config(context: DataContext | None = None) -> Any:
+    """The ``CheckpointConfig`` of ``context`` (default: the current one), ``None`` when checkpointing is off
+    or Ray has none. Raises ``ValueError`` on a Ray whose checkpointing would record ids before a TFRecord
+    write commits its files."""
+    config = getattr(context or data_context(), "checkpoint_config", None)
+    if config is not None and not CHECKPOINTS:
+        raise ValueError(f"Ray {ray.__version__}'s checkpoint_config records a write task's ids before "
+                         "write_tfrecords makes its files visible, so a killed job would lose rows; upgrade to Ray "
+                         "2.60 or set DataContext.checkpoint_config = None")
+    return config
+
+
+def checkpoint_started(config: Any) -> bool:
+    """Whether the checkpoint ``config`` names holds records (pending or committed): a run of its job
+    has written, and a rerun continues it."""
+    from ray.data.datasource.path_util import _unwrap_protocol
+
+    selector = pafs.FileSelector(_unwrap_protocol(config.checkpoint_path), allow_not_found=True)
+    return any(e.is_file for e in config.filesystem.get_file_info(selector))
+
+
+def task_checkpoints_pending(ctx: Any) -> bool:
+    """Whether Ray holds pending checkpoint records for this write task, which it commits when the task
+    returns: the task's files must be visible by then."""
+    kwargs = getattr(ctx, "kwargs", None) or {}
+    return bool(_PENDING_CHECKPOINTS_KEY and kwargs.get(_PENDING_CHECKPOINTS_KEY))

@@ -16,18 +16,20 @@ This module adapts the write to Ray Data: the driver side of the commit protocol
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import posixpath
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 from ray.data import Dataset
 from ray.data.block import Block, BlockAccessor
+from ray.data.context import DataContext
 from ray.data.dataset import MaterializedDataset
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
@@ -35,7 +37,7 @@ from ray_tfrecord.core import options, sizes
 from ray_tfrecord.core.codec import RecordType, check_encodable
 from ray_tfrecord.core.errors import TFRecordError
 from ray_tfrecord.io import compat
-from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult
+from ray_tfrecord.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord.io.compat import SaveMode
 from ray_tfrecord.io.task_errors import from_task, task_cause
 from ray_tfrecord.io.writers import WriteConfig, write_tables
@@ -45,8 +47,22 @@ __all__ = ["SaveMode", "TFRecordDatasink", "TFRecordWriteResult", "write_tfrecor
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    _Base = Datasink[dict[str, Any]]
+else:
+    # Ray's file-datasink base where Ray has job checkpointing, so that Ray checkpoints our write tasks in
+    # two phases (compat.FileDatasinkBase says why); Datasink elsewhere. Every method Ray calls is ours.
+    _Base = compat.FileDatasinkBase
 
-class TFRecordDatasink(Datasink[dict[str, Any]]):
+
+class _CheckpointNames(FilenameProvider):
+    """What Ray's checkpointing asks a file datasink for: the name a write task's files start with."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return checkpoint_file_base(task_index, write_uuid) + ".tfrecord"
+
+
+class TFRecordDatasink(_Base):
     """Writes a dataset as TFRecord files, Hive-partitioned if asked.
 
     Use with ``ds.write_datasink(TFRecordDatasink(path, ...))`` or
@@ -158,15 +174,65 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
             max_open_files=self._MAX_OPEN_FILES,
         )
         self._started = False
+        self._skips: bool | None = None  # what apply_mode decided, once
+        self._context: DataContext | None = None  # the dataset's, whose checkpoint_config applies
         self.result: TFRecordWriteResult | None = None
+
+    # What Ray's planner and ``Dataset.write_datasink`` read of a file datasink (Ray 2.60).
+    @property
+    def unresolved_path(self) -> str:
+        return self._unresolved_path
+
+    @property
+    def path(self) -> str:
+        return self.commit.path
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self.commit.filesystem
+
+    @property
+    def filename_provider(self) -> FilenameProvider:
+        return _CheckpointNames()
+
+    @property
+    def _skip_write(self) -> bool:
+        return bool(self._skips)
 
     def check_schema(self, schema: pa.Schema) -> None:
         """Raise if rows of ``schema`` cannot be written with this sink's options (partition
         columns, types TFRecord cannot encode, types that contradict the dataset appended to), so
-        that a caller who knows the schema fails before executing the dataset."""
+        that a caller who knows the schema fails before executing the dataset; the write then
+        knows the element type of list columns that are all empty in some block."""
         self._config.check_schema(schema, self.commit.recorded)
+        self._config = self._config.knowing(schema)
 
     # -- driver side ------------------------------------------------------------------
+
+    def apply_mode(self, context: DataContext | None = None) -> bool:
+        """Take part in the job checkpoint of ``context`` (the dataset's; default: the current one), if
+        it has one, and apply the save mode, once; ``True``: nothing is to be written (``ignore`` found
+        data, or a rerun completed a checkpointed write whose data was complete), and :attr:`result` says so."""
+        if self._skips is None:
+            config = compat.checkpoint_config(context)
+            if config is not None:
+                if self._config.filename_provider is not None:
+                    raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
+                                     "each task's files by the name Ray gave the task; leave filename_provider out")
+                started = compat.checkpoint_started(config)
+                self.commit.use_checkpoint(config.checkpoint_path, started=started)
+                cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 2
+                if started and cpus < 2:
+                    logger.warning("Ray's checkpoint filter holds one CPU for an actor while a checkpointed job runs "
+                                   "again, and this cluster has %s: the job's tasks may wait forever. Give Ray at "
+                                   "least 2 CPUs, e.g. ray.init(num_cpus=2)", cpus)
+                self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
+            self._skips = self.commit.apply_mode()
+            if self.commit.completed is not None:
+                self.result = self.commit.completed
+            elif self._skips:
+                self.result = TFRecordWriteResult(num_rows=0, skipped=True)
+        return self._skips
 
     def on_write_start(self, schema: pa.Schema | None = None, **_: Any) -> None:  # Ray 2.50-2.52 pass no schema
         if self._started:
@@ -175,14 +241,13 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
         # The schema Ray passes here is that of the write operator's first input
         # bundle, which after operator fusion can be a read task's input rather
         # than the rows; write tasks check the real schema before writing a byte.
-        if not self.commit.apply_mode():
+        if not self.apply_mode(self._context):
             self.commit.start()
 
     def on_write_complete(self, write_result: WriteResult[dict[str, Any]]) -> None:
         # An empty dataset never calls on_write_start; the mode still applies.
         self.on_write_start(None)
-        if self.commit.skipped:
-            self.result = TFRecordWriteResult(num_rows=0, skipped=True)
+        if self._skips:
             return
         returns = [ret for ret in write_result.write_returns if ret]
         staged: list[StagedFile] = [f for ret in returns for f in ret["files"]]
@@ -202,8 +267,12 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
                     check_encodable(pa.schema([f]), self._config.record_type)
 
     def on_write_failed(self, error: Exception) -> None:
-        logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
-                       task_cause(error) or error)
+        if self.commit.checkpoint is not None:
+            logger.warning("Write to %s failed; the files of the write tasks that completed stay, and running the "
+                           "job again continues it: %s", self.commit.path, task_cause(error) or error)
+        else:
+            logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
+                           task_cause(error) or error)
         self.commit.abort()
 
     @property
@@ -247,7 +316,7 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
     def write(self, blocks: Iterable[Block], ctx: compat.TaskContext) -> dict[str, Any]:
         """Write this task's blocks into the staging directory; returns the staged
         files (:class:`~ray_tfrecord.io.commit.StagedFile`) and the record schemas written."""
-        if self.commit.skipped:
+        if self._skips:
             return {"files": [], "schemas": []}
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
         write_uuid = compat.write_uuid(ctx) or posixpath.basename(self.commit.staging)
@@ -255,6 +324,13 @@ class TFRecordDatasink(Datasink[dict[str, Any]]):
             files, schemas = write_tables(tables, self._config, ctx.task_idx, write_uuid, self.commit.recorded)
         except TFRecordError as e:
             raise from_task(e) from None
+        # Ray commits this task's ids when it returns (its pending record was written before the first
+        # block arrived): the files go into place now, not at the driver's commit.
+        if compat.task_checkpoints_pending(ctx):
+            if not self._config.checkpointed:
+                raise ValueError("the dataset's checkpoint_config was set after the write started; set "
+                                 "DataContext.get_current().checkpoint_config before creating the dataset")
+            files = self.commit.publish(files, schemas, checkpoint_file_base(ctx.task_idx, write_uuid))
         return {"files": files, "schemas": schemas}
 
 
@@ -325,8 +401,10 @@ def write_tfrecords(
     )
     # Settle error/ignore before executing the dataset: Ray would otherwise compute
     # the whole dataset only for the sink to refuse or drop it.
-    if sink.commit.apply_mode():
-        return TFRecordWriteResult(num_rows=0, skipped=True)
+    sink._context = ds.context
+    if sink.apply_mode(ds.context):
+        assert sink.result is not None
+        return sink.result
     if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
         sink._bundle_rows_like_bytes(ds)
     known = ds.schema(fetch_if_missing=False)

@@ -9,6 +9,7 @@ or by the caller's ``FilenameProvider``. :mod:`ray_tfrecord.io.commit` then move
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import uuid
 from collections.abc import Iterable, Sequence
@@ -27,7 +28,7 @@ from ray_tfrecord.core.framing import RecordWriter
 from ray_tfrecord.core.index import IndexBuilder, write_index
 from ray_tfrecord.core.layout import is_hidden_name
 from ray_tfrecord.core.schema import merge_recorded, stored_schema
-from ray_tfrecord.io.commit import StagedFile, make_dirs
+from ray_tfrecord.io.commit import StagedFile, checkpoint_file_base, make_dirs
 from ray_tfrecord.io.partitioning import split_by_partitions
 
 __all__ = ["WriteConfig", "write_tables"]
@@ -54,6 +55,8 @@ class WriteConfig:
     allow_float64_narrowing: bool
     allow_decimal_narrowing: bool
     max_open_files: int  # per task; beyond it the least recently used file is closed
+    checkpointed: bool = False  # a job checkpoint: files are named for Ray's recovery (checkpoint_file_base)
+    list_types: tuple[tuple[str, pa.DataType], ...] = ()  # the dataset's list columns, as the driver knows them
 
     @property
     def extension(self) -> str:
@@ -63,11 +66,20 @@ class WriteConfig:
         """What the records of rows of ``schema`` hold (partition columns live in the directory names)."""
         return stored_schema([f for f in schema if f.name not in self.partition_cols], self.record_type)
 
+    def knowing(self, schema: pa.Schema) -> WriteConfig:
+        """This config, told the dataset's ``schema`` (its list columns' element types)."""
+        return dataclasses.replace(self, list_types=tuple(_list_types(schema).items()))
+
     def check_schema(self, schema: pa.Schema, recorded: pa.Schema | None = None, absent: Sequence[str] = ()) -> None:
         """Refuse rows of ``schema`` that cannot be written: partition columns that are missing or
         of a type a directory name cannot hold, records left empty, columns TFRecord cannot encode,
         and (``recorded``: the schema of the dataset appended to) types that contradict the
-        dataset's. ``absent`` columns (null-typed in one block) are not encoded."""
+        dataset's. ``absent`` columns (null-typed in one block) are not encoded; a list column all
+        empty in ``schema`` (``list<null>``) takes the element type ``recorded`` gives it."""
+        if recorded is not None:
+            known = _list_types(recorded)
+            schema = pa.schema([f.with_type(known[f.name]) if _is_null_list(f.type) and f.name in known else f
+                                for f in schema])
         missing = [c for c in self.partition_cols if c not in schema.names]
         if missing:
             raise ValueError(f"partition_cols {missing} are not columns of {schema.names}")
@@ -98,26 +110,69 @@ def write_tables(tables: Iterable[pa.Table], config: WriteConfig, task_idx: int,
     checked = None
     schemas: list[pa.Schema] = []
     absent: list[str] = []
+    list_types = {**dict(config.list_types), **(_list_types(recorded) if recorded is not None else {})}
+    held: list[pa.Table] = []
+
+    def write(table: pa.Table) -> None:
+        nonlocal checked, absent
+        if table.schema != checked:
+            checked = table.schema
+            data = config.data_schema(table.schema)
+            if data not in schemas:
+                schemas.append(data)
+            # A column whose every cell in this block is null has Arrow type null here even
+            # when the dataset's is binary or int64: its records lack the feature, as for a
+            # null cell. A column null everywhere is refused from the merged schemas.
+            absent = [f.name for f in data if pa.types.is_null(f.type)]
+            config.check_schema(table.schema, recorded, absent=absent)
+        table = table.drop_columns(absent)
+        _refuse_nulls_in_not_null_fields(table, config.path)
+        for part_dir, piece in split_by_partitions(table, config.partition_cols):
+            for batch in piece.to_batches():
+                files.write(part_dir, batch)
+
     try:
         for table in tables:
-            if table.schema != checked:
-                checked = table.schema
-                data = config.data_schema(table.schema)
-                if data not in schemas:
-                    schemas.append(data)
-                # A column whose every cell in this block is null has Arrow type null here even
-                # when the dataset's is binary or int64: its records lack the feature, as for a
-                # null cell. A column null everywhere is refused from the merged schemas.
-                absent = [f.name for f in data if pa.types.is_null(f.type)]
-                config.check_schema(table.schema, recorded, absent=absent)
-            table = table.drop_columns(absent)
-            _refuse_nulls_in_not_null_fields(table, config.path)
-            for part_dir, piece in split_by_partitions(table, config.partition_cols):
-                for batch in piece.to_batches():
-                    files.write(part_dir, batch)
+            # A list column whose values are all empty in a block is list<null> there, and would be
+            # written as features of no kind; the element type the dataset, the dataset appended to
+            # or another block of this task gives it makes them typed empty lists (``int64_list {}``),
+            # as when the rows come in one block. Blocks wait, in order, until a later one shows it.
+            list_types.update(_list_types(table.schema))
+            held.append(table)
+            typed = [_typed_empty_lists(t, list_types) for t in held]
+            if all(t is not None for t in typed):
+                held = []
+                for t in typed:
+                    write(t)
+        for table in held:  # no block of this task shows the type: features of no kind, read as empty
+            write(_typed_empty_lists(table, list_types, partial=True) or table)
     finally:
         done = files.close_all()
     return done, schemas
+
+
+def _is_null_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_null(t.value_type)
+
+
+def _list_types(schema: pa.Schema) -> dict[str, pa.DataType]:
+    return {f.name: f.type for f in schema
+            if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)) and not _is_null_list(f.type)}
+
+
+def _typed_empty_lists(table: pa.Table, list_types: dict[str, pa.DataType], partial: bool = False) -> pa.Table | None:
+    """``table`` with its ``list<null>`` columns cast to the list type ``list_types`` knows for them;
+    ``None`` if one has none (``partial``: that column is left as it is)."""
+    for i, f in enumerate(table.schema):
+        if not _is_null_list(f.type):
+            continue
+        target = list_types.get(f.name)
+        if target is None:
+            if partial:
+                continue
+            return None
+        table = table.set_column(i, f.with_type(target), table.column(i).cast(target))
+    return table
 
 
 def _refuse_nulls_in_not_null_fields(table: pa.Table, path: str) -> None:
@@ -192,6 +247,8 @@ class _TaskFiles:
         """The next file's name in ``part_dir``: ours, or the filename_provider's."""
         number = self._opened_in.get(part_dir, 0)
         self._opened_in[part_dir] = number + 1
+        if self._config.checkpointed:
+            return f"{checkpoint_file_base(self._task_idx, self._write_uuid)}-{number}{self._config.extension}"
         if self._config.filename_provider is None:
             return f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"
         if self._provided_name is None:

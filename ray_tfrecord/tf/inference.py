@@ -13,7 +13,11 @@ Example::
 
     ds = read_tfrecords("/data/digits/test")
     inference(ds, "/models/digits.keras", "/data/digits/predictions",
-              features="pixels", key_columns=["id"], output_format="parquet")
+              features="pixels", key_columns=["id"], output_format="parquet",
+              checkpoint_path="/data/digits/predictions.checkpoint")
+
+With ``checkpoint_path`` (Ray 2.60's job checkpointing, keyed by the key column), a killed job run
+again skips the keys already written and writes every key exactly once.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import ray
 from ray.data import Dataset
 
 from ray_tfrecord.core import options
@@ -226,6 +231,7 @@ def inference(
     concurrency: int = 1,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    checkpoint_path: str | os.PathLike[str] | None = None,
 ) -> None:
     """Run :func:`predict` and write the keyed predictions to ``output_path``.
 
@@ -233,8 +239,20 @@ def inference(
     :func:`~ray_tfrecord.io.datasink.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
     writer.  ``mode`` says what to do when ``output_path`` (a string or path-like)
     already has data.
+
+    ``checkpoint_path`` makes the job restartable (Ray 2.60's job checkpointing, with the one key
+    column as the id, which must be unique): where a run was killed, running the same call again
+    skips the keys already written, and each key is written exactly once. ``ds`` must start with a
+    read (``read_tfrecords``, ``ray.data.read_parquet``, ...). ``mode`` applies to the first run of a
+    checkpoint; its reruns add to what the earlier runs wrote. Ray deletes the checkpoint when the
+    job succeeds. A location on storage every node sees (a path like ``output_path``).
     """
     mode = options.mode(mode)
+    if output_format not in ("tfrecord", "parquet"):
+        raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
+    config = None
+    if checkpoint_path is not None:
+        config = _checkpoint_config(key_columns, os.fspath(checkpoint_path))
     out = predict(
         ds,
         model_path,
@@ -247,9 +265,31 @@ def inference(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
     )
-    if output_format == "tfrecord":
-        write_tfrecords(out, os.fspath(output_path), mode=mode)
-    elif output_format == "parquet":
-        out.write_parquet(os.fspath(output_path), mode=SaveMode(mode))
-    else:
-        raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
+    # The job's context is the input's (datasets derived from one share it): checkpointing is on for
+    # this write only.
+    context = out.context
+    saved = getattr(context, "checkpoint_config", None)
+    if config is not None:
+        context.checkpoint_config = config
+        if output_format == "parquet" and compat.checkpoint_started(config):
+            mode = "append"  # Ray's Parquet writer would apply mode again on a rerun, deleting or refusing
+    try:
+        if output_format == "tfrecord":
+            write_tfrecords(out, os.fspath(output_path), mode=mode)
+        else:
+            out.write_parquet(os.fspath(output_path), mode=SaveMode(mode))
+    finally:
+        if config is not None:
+            context.checkpoint_config = saved
+
+
+def _checkpoint_config(key_columns: Sequence[str], checkpoint_path: str) -> Any:
+    if len(key_columns) != 1:
+        raise ValueError(f"checkpoint_path needs exactly one key column, Ray's id for a row; got key_columns="
+                         f"{list(key_columns)}. Add one unique id column to the input and pass it alone")
+    if not compat.CHECKPOINTS:
+        raise ValueError(f"checkpoint_path needs Ray 2.60's job checkpointing; Ray {ray.__version__} has "
+                         "none. Upgrade Ray, or leave checkpoint_path out")
+    from ray.data.checkpoint import CheckpointConfig
+
+    return CheckpointConfig(id_column=key_columns[0], checkpoint_path=checkpoint_path)
