@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -345,53 +346,60 @@ def table_batches(
 
 @overload
 def tf_dataset(
-    source: DataIterator | Dataset, *, features: str | Sequence[str], label: str | Sequence[str] | None = None,
-    batch_size: int, drop_remainder: bool = True, steps_per_epoch: int | None = None,
-    defaults: Mapping[str, Any] | None = None, record_schema: pa.Schema | None = None, cache: bool = False,
-    local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-    ray_prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: None = None,
+    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str] | None = None,
+    label_columns: str | Sequence[str] | None = None, batch_size: int, drop_last: bool = True,
+    steps_per_epoch: int | None = None, defaults: Mapping[str, Any] | None = None,
+    record_schema: pa.Schema | None = None, cache: bool = False, local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None, prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE,
+    strategy: None = None, **renamed: Any,
 ) -> tf.data.Dataset: ...
 
 
 @overload
 def tf_dataset(
-    source: DataIterator | Dataset, *, features: str | Sequence[str], label: str | Sequence[str] | None = None,
-    batch_size: int, drop_remainder: bool = True, steps_per_epoch: int | None = None,
-    defaults: Mapping[str, Any] | None = None, record_schema: pa.Schema | None = None, cache: bool = False,
-    local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-    ray_prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: tf.distribute.Strategy,
+    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str] | None = None,
+    label_columns: str | Sequence[str] | None = None, batch_size: int, drop_last: bool = True,
+    steps_per_epoch: int | None = None, defaults: Mapping[str, Any] | None = None,
+    record_schema: pa.Schema | None = None, cache: bool = False, local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None, prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE,
+    strategy: tf.distribute.Strategy, **renamed: Any,
 ) -> tf.distribute.DistributedDataset: ...
 
 
 def tf_dataset(
     source: DataIterator | Dataset,
     *,
-    features: str | Sequence[str],
-    label: str | Sequence[str] | None = None,
+    feature_columns: str | Sequence[str] | None = None,
+    label_columns: str | Sequence[str] | None = None,
     batch_size: int,
-    drop_remainder: bool = True,
+    drop_last: bool = True,
     steps_per_epoch: int | None = None,
     defaults: Mapping[str, Any] | None = None,
     record_schema: pa.Schema | None = None,
     cache: bool = False,
     local_shuffle_buffer_size: int | None = None,
     local_shuffle_seed: int | None = None,
-    ray_prefetch_batches: int = 2,
+    prefetch_batches: int = 2,
     tf_prefetch: int = tf.data.AUTOTUNE,
     strategy: tf.distribute.Strategy | None = None,
+    **renamed: Any,
 ) -> tf.data.Dataset | tf.distribute.DistributedDataset:
     """A ``tf.data.Dataset`` of batches streamed from a Ray ``DataIterator`` or ``Dataset``.
+
+    The arguments Ray's ``DataIterator.to_tf`` also has carry its names.  Before 0.2 this function
+    called them ``features``, ``label``, ``drop_remainder`` and ``ray_prefetch_batches``: those
+    still work, with a ``FutureWarning`` naming the new one, until 0.2.
 
     Args:
         source: What ``ray.train.get_dataset_shard`` returns inside a training
             worker, or a whole ``ray.data.Dataset``.
-        features: One column name (the model input is that tensor) or several
+        feature_columns: One column name (the model input is that tensor) or several
             (the input is a ``dict`` of tensors keyed by column name).
-        label: Label column(s), same convention; ``None`` yields features only.
+        label_columns: Label column(s), same convention; ``None`` yields features only.
         batch_size: Rows per element, taken from this worker's shard (under
             ``MultiWorkerMirroredStrategy`` that is TensorFlow's global batch
             size; see :mod:`ray_tfrecord.tf.distribution`).
-        drop_remainder: Yield only full batches (see :mod:`ray_tfrecord.tf.distribution`
+        drop_last: Yield only full batches (see :mod:`ray_tfrecord.tf.distribution`
             for why this keeps ranks in step).  ``False`` keeps the last partial batch;
             inside a Ray Train run of several workers that is refused unless
             ``steps_per_epoch`` is given, because ranks could then disagree on
@@ -421,7 +429,7 @@ def tf_dataset(
         local_shuffle_buffer_size: Rows held in Ray's local shuffle buffer
             (``None`` disables local shuffling).
         local_shuffle_seed: Seed for the local shuffle.
-        ray_prefetch_batches: Batches Ray fetches ahead on its own threads.
+        prefetch_batches: Batches Ray fetches ahead on its own threads.
         tf_prefetch: Batches TensorFlow keeps ready ahead of the training step.
         strategy: Hand Keras per-replica batches already cut, as a
             ``tf.distribute.DistributedDataset`` (see "Per-replica batches" in
@@ -437,32 +445,61 @@ def tf_dataset(
 
     Returns:
         A dataset whose elements are ``(features, label)``, or ``features`` when
-        ``label`` is ``None``.  Its ``element_spec`` follows the Arrow schema,
+        ``label_columns`` is ``None``.  Its ``element_spec`` follows the Arrow schema,
         see :func:`~ray_tfrecord.tf.tensors.type_spec`.  Auto-sharding is off: Ray already sharded it.
         tf.data autotuning is off (an epoch's end would often wait for the
         autotuner's next wake-up); ``with_options`` turns it back on.  With
         ``strategy``, a ``tf.distribute.DistributedDataset`` of the same
         elements, cut per replica, that repeats epoch after epoch.
     """
+    if renamed:
+        given = _renamed(renamed, feature_columns=feature_columns, label_columns=label_columns,
+                         drop_last=drop_last, prefetch_batches=prefetch_batches)
+        feature_columns, label_columns = given["feature_columns"], given["label_columns"]
+        drop_last, prefetch_batches = given["drop_last"], given["prefetch_batches"]
+    if feature_columns is None:
+        raise TypeError("tf_dataset() needs feature_columns=, the column(s) of the model's input")
+    features, label = feature_columns, label_columns
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if steps_per_epoch is not None and steps_per_epoch <= 0:
         raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
     per_replica = None if strategy is None else PerReplica.checked(strategy, batch_size, steps_per_epoch)
     if per_replica is None:
-        check_partial_batches(drop_remainder, steps_per_epoch)
+        check_partial_batches(drop_last, steps_per_epoch)
     feature_names, label_names = _names(features), _names(label)
     if not feature_names:
-        raise ValueError("features must name at least one column")
+        raise ValueError("feature_columns must name at least one column")
     if isinstance(source, Dataset):
         warn_constant_length_lists(source, feature_names)
     iterator = source.iterator() if isinstance(source, Dataset) else source
     plans, decoding = _plans(iterator, feature_names + label_names, defaults, record_schema)
     feed = _Feed(
         iterator=iterator, plans=plans, decoding=decoding, features=features, label=label,
-        drop_remainder=drop_remainder, cache=cache, shuffle_buffer=local_shuffle_buffer_size,
-        shuffle_seed=local_shuffle_seed, ray_prefetch=ray_prefetch_batches, tf_prefetch=tf_prefetch,
+        drop_remainder=drop_last, cache=cache, shuffle_buffer=local_shuffle_buffer_size,
+        shuffle_seed=local_shuffle_seed, ray_prefetch=prefetch_batches, tf_prefetch=tf_prefetch,
     )
     if per_replica is None:
         return feed.batches(batch_size, steps_per_epoch)
     return per_replica.distribute(feed.batches)
+
+
+# tf_dataset's names before 0.2 -> the names Ray's DataIterator.to_tf gives the same arguments.
+_RENAMED = {"features": "feature_columns", "label": "label_columns", "drop_remainder": "drop_last",
+            "ray_prefetch_batches": "prefetch_batches"}
+_DEFAULTS = {"feature_columns": None, "label_columns": None, "drop_last": True, "prefetch_batches": 2}
+
+
+def _renamed(old: Mapping[str, Any], **current: Any) -> dict[str, Any]:
+    unknown = sorted(set(old) - set(_RENAMED))
+    if unknown:
+        raise TypeError(f"tf_dataset() got an unexpected keyword argument {unknown[0]!r}")
+    given = dict(current)
+    for name, value in old.items():
+        new = _RENAMED[name]
+        if current[new] != _DEFAULTS[new]:
+            raise TypeError(f"tf_dataset() got both {name}= and {new}=; pass {new}= only")
+        warnings.warn(f"tf_dataset({name}=) is deprecated and goes in 0.2: pass {new}= (Ray's to_tf name)",
+                      FutureWarning, stacklevel=3)
+        given[new] = value
+    return given
