@@ -348,14 +348,15 @@ def _keras_loop(config):
 
     class Log(tf.keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            self.feed_epoch = feed.position(batch, steps_per_batch=strategy.num_replicas_in_sync).epoch
             _die_once(config, rank, self.keras_epoch, batch + 1)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.keras_epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):  # after ReportCheckpoint's report
-            tagged.extend((self.feed_epoch, *row) for row in pending)
+            # The feed's epoch where this step began (known once the pass has started).
+            epoch = feed.position(batch, steps_per_batch=strategy.num_replicas_in_sync).epoch
+            tagged.extend((epoch, *row) for row in pending)
             pending.clear()
             if (batch + 1) % EVERY == 0:
                 flush(tagged)

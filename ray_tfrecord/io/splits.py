@@ -187,9 +187,9 @@ def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[S
             groups.append([])
             size = 0
         groups[-1].append(weighted)
-        # A piece of a block decodes the whole block: it costs the block's bytes, whatever its rows.
-        size += sum(m.size for m in members) * (1 if len(members) > 1 else (hi - lo)) // (1 if len(members) > 1
-                                                                                           else max(1, rows))
+        # A piece of a block of several splits decodes them all, whatever its rows.
+        block_bytes = sum(m.size for m in members)
+        size += block_bytes if len(members) > 1 else block_bytes * (hi - lo) // max(1, rows)
     return groups
 
 
