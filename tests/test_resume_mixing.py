@@ -9,6 +9,7 @@ import pytest
 import ray
 
 import ray_tfrecord
+from ray_tfrecord.io.order import mix_blocks, row_seeds
 from ray_tfrecord.io.splits import plan_splits
 from ray_tfrecord.tf.resume import ResumableFeed
 
@@ -62,3 +63,19 @@ def test_partition_columns_and_paths_are_fed(by_label):
     assert seen == ROWS
     with pytest.raises(ValueError, match=r"columns \['path'\] are not in the dataset"):
         ResumableFeed(by_label, features=["id", "path"], label="label", batch_size=BATCH, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize(("splits", "mix"), [(1, 16), (10, 16), (37, 4), (40, 1)])
+def test_blocks_take_every_split_once_at_a_stride(splits, mix):
+    blocks = mix_blocks(splits, mix)
+    assert sorted(s for b in blocks for s in b) == list(range(splits))
+    assert max(len(b) for b in blocks) <= mix and len(blocks) == -(-splits // mix)
+    assert all(b == tuple(range(b[0], splits, len(blocks))) for b in blocks)  # spread over the file order
+
+
+def test_row_seeds_depend_on_the_row_alone():
+    split, row = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
+    seeds = row_seeds(3, 0, split, row)
+    assert seeds.dtype == np.uint64 and len(set(seeds.tolist())) == 4
+    assert (row_seeds(3, 0, split[::-1], row[::-1]) == seeds[::-1]).all()  # per row, not per position
+    assert not (row_seeds(3, 1, split, row) == seeds).any() and not (row_seeds(4, 0, split, row) == seeds).any()
