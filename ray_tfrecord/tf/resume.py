@@ -7,7 +7,13 @@ splits (:mod:`ray_tfrecord.io.splits`), contiguous shares per rank, a seeded shu
 split.  The ranks step in lockstep, so the rows the group has trained after ``k`` steps are known
 on every rank: :meth:`ResumableFeed.save` writes that position into a checkpoint directory without
 gathering anything, and :meth:`ResumableFeed.load` continues from it.
-:class:`~ray_tfrecord.tf.checkpoint.ReportCheckpoint` does both for Keras ``fit``.
+:class:`~ray_tfrecord.tf.checkpoint.ReportCheckpoint` does both for Keras ``fit``, in one ``fit``
+call across restarts (:meth:`ResumableFeed.run_until`).
+
+Splits are shuffled in blocks of ``mix`` splits taken at a stride over the files, so that batches
+of a dataset sorted by files mix (:func:`~ray_tfrecord.io.order.mix_blocks`).  A ``transform`` runs
+in the feed's Ray Data execution, one row out per row in (:mod:`ray_tfrecord.io.transforms`); each
+row carries a seed of its own (:data:`SEED_COLUMN`), the same whatever the group or resume point.
 
 Each element is ``(features, label, weight)``: ``weight`` (float32, one per row) is 0 on padding
 rows, which fill the last step of a rank whose share is short (equal batches on every rank keep
