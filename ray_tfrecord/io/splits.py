@@ -15,7 +15,7 @@ adding a weight column; it runs inside Ray Data tasks.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,10 +28,11 @@ from ray_tfrecord.core.framing import iter_chunks, open_stream
 from ray_tfrecord.core.schema import read_stored_schema
 from ray_tfrecord.io import compat
 from ray_tfrecord.io.indexing import FileIndex, file_indexes
-from ray_tfrecord.io.listing import DataFile, list_files
-from ray_tfrecord.io.order import Piece, row_order
+from ray_tfrecord.io.listing import DataFile, Listing, list_files
+from ray_tfrecord.io.order import SEED_COLUMN, Piece, row_order, row_seeds
+from ray_tfrecord.io.partitioning import PartitionValues
 from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK
-from ray_tfrecord.io.read_tasks import Compression
+from ray_tfrecord.io.read_tasks import PATH_COLUMN, Compression
 from ray_tfrecord.io.stored import StoredTuple
 
 __all__ = [
@@ -66,6 +67,17 @@ class SplitPlan:
     schema: pa.Schema
     filesystem: Any  # made pickleable (compat.pickleable_filesystem)
     compression: Compression
+    # The partition values of each file (Hive directories, a TFDS shard's split), as read_tfrecords
+    # returns them: ((path, ((column, value), ...)), ...), typed by partition_schema.
+    partitions: tuple[tuple[str, PartitionValues], ...] = ()
+    partition_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+
+    def columns(self, include_paths: bool = False) -> pa.Schema:
+        """What ``read_tfrecords`` returns for these files: the records' columns, then the partition
+        columns (which win over a record column of the same name, as in Spark), then with
+        ``include_paths`` a ``path`` column."""
+        fields = [*(f for f in self.schema if f.name not in self.partition_schema.names), *self.partition_schema]
+        return pa.schema(fields + ([pa.field(PATH_COLUMN, pa.string())] if include_paths else []))
 
     @property
     def split_rows(self) -> list[int]:
@@ -116,7 +128,11 @@ def plan_splits(
     indexes = file_indexes(fs, files, compression, spacing, keep=keep_index)
     splits = StoredTuple(s for file, found in zip(files, indexes, strict=True)
                          for s in _file_splits(file, found, split_bytes))
-    return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression)
+    return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression, *_partitions(listing))
+
+
+def _partitions(listing: Listing) -> tuple[tuple[tuple[str, PartitionValues], ...], pa.Schema]:
+    return tuple((f.path, f.partitions) for f in listing.files if f.partitions), listing.partition_schema
 
 
 def _file_splits(file: DataFile, found: FileIndex, split_bytes: int) -> list[Split]:
@@ -146,57 +162,91 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
     return table
 
 
-def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], target_bytes: int = sizes.MIN_SPLIT_BYTES,
-                 max_pieces: int = MAX_RANGES_PER_TASK) -> list[list[Weighted]]:
-    """Consecutive ``pieces`` in groups of about ``target_bytes`` on disk and at most ``max_pieces``:
-    one read task each. A task per piece cost a Ray task's overhead per small file (``make bench``,
-    Ray Train drain: 12% of the plain feed's rows/s with 8 MB files read one per task)."""
+def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[Sequence[int]],
+                 target_bytes: int = sizes.MIN_SPLIT_BYTES, max_pieces: int = MAX_RANGES_PER_TASK,
+                 ) -> list[list[Weighted]]:
+    """Consecutive ``pieces`` (of ``blocks``, :func:`~ray_tfrecord.io.order.mix_blocks`) in groups of
+    about ``target_bytes`` on disk and at most ``max_pieces``: one read task each. A task per piece
+    cost a Ray task's overhead per small file (``make bench``, Ray Train drain: 12% of the plain
+    feed's rows/s with 8 MB files read one per task)."""
     groups: list[list[Weighted]] = []
     size = 0
     for weighted in pieces:
         (index, lo, hi), _ = weighted
-        split = plan.splits[index]
+        members = [plan.splits[i] for i in blocks[index]]
+        rows = sum(m.rows for m in members)
         if not groups or size >= target_bytes or len(groups[-1]) >= max_pieces:
             groups.append([])
             size = 0
         groups[-1].append(weighted)
-        size += split.size * (hi - lo) // max(1, split.rows)
+        # A piece of a block of several splits decodes them all, whatever its rows.
+        block_bytes = sum(m.size for m in members)
+        size += block_bytes if len(members) > 1 else block_bytes * (hi - lo) // max(1, rows)
     return groups
 
 
 def read_pieces(
-    plan: SplitPlan, pieces: Sequence[Weighted], *, epoch: int, seed: int, shuffle: bool,
-    columns: Sequence[str], weight_column: str,
+    plan: SplitPlan, pieces: Sequence[Weighted], *, blocks: Sequence[Sequence[int]], epoch: int, seed: int,
+    shuffle: bool, columns: Sequence[str], weight_column: str, seeds: bool = False,
 ) -> Iterator[pa.Table]:
-    """One table per piece: its rows in the split's seeded order (:func:`~ray_tfrecord.io.order.row_order`),
-    ``columns`` plus ``weight_column`` (float32, the piece's weight)."""
+    """One table per piece of a block: its rows in the block's seeded order
+    (:func:`~ray_tfrecord.io.order.row_order`), ``columns`` plus ``weight_column`` (float32, the
+    piece's weight) and with ``seeds`` :data:`~ray_tfrecord.io.order.SEED_COLUMN` (each row's
+    :func:`~ray_tfrecord.io.order.row_seeds`)."""
     fs = compat.unpickled_filesystem(plan.filesystem)
-    schema = pa.schema([plan.schema.field(c) for c in columns])
+    available = plan.columns(include_paths=PATH_COLUMN in columns)
+    attached = {*plan.partition_schema.names, PATH_COLUMN}
+    schema = pa.schema([plan.schema.field(c) for c in columns if c not in attached])
+    extra = [available.field(c) for c in columns if c in attached]
+    partitions = dict(plan.partitions) if extra else {}
     for (index, lo, hi), weight in pieces:
-        split = plan.splits[index]
-        table = _split_table(fs, split, schema, plan.compression)
-        rows = row_order(split.rows, seed, epoch, index, shuffle)[lo:hi]
-        table = table.take(pa.array(rows)) if shuffle or lo or hi < split.rows else table
-        yield table.append_column(pa.field(weight_column, pa.float32()),
-                                  pa.array(np.full(hi - lo, weight, np.float32)))
+        members = blocks[index]
+        parts = [_attached(partitions, plan.splits[i], _split_table(fs, plan.splits[i], schema, plan.compression),
+                           extra) for i in members]
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        rows = row_order(table.num_rows, seed, epoch, index, shuffle)[lo:hi]
+        if shuffle or lo or hi < table.num_rows:
+            table = table.take(pa.array(rows))
+        table = table.append_column(pa.field(weight_column, pa.float32()),
+                                    pa.array(np.full(hi - lo, weight, np.float32)))
+        if seeds:
+            split = np.repeat(np.asarray(members, np.int64), [p.num_rows for p in parts])
+            starts = np.repeat(np.cumsum([0] + [p.num_rows for p in parts[:-1]]), [p.num_rows for p in parts])
+            record = np.arange(len(split)) - starts
+            table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
+                                        pa.array(row_seeds(seed, epoch, split[rows], record[rows])))
+        yield table
+
+
+def _attached(partitions: dict[str, PartitionValues], split: Split, table: pa.Table,
+              extra: Sequence[pa.Field]) -> pa.Table:
+    """``table`` (rows of ``split``) with the partition and path columns of ``extra``: one value a file."""
+    values = dict(partitions.get(split.path, ()))
+    values[PATH_COLUMN] = split.path
+    for f in extra:
+        table = table.append_column(f, pa.array([values.get(f.name)] * table.num_rows, f.type))
+    return table
 
 
 @dataclass(frozen=True)
 class PieceReader:
     """The body of a resumable feed's Ray Data tasks (``map_batches``): rows of ``pieces`` (runs of
-    ``[split, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
+    ``[block, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
     beside the feed, so that a read task's worker imports no TensorFlow (seconds per fresh worker,
     which Ray starts for the feed's tasks every epoch)."""
 
     plan: SplitPlan
+    blocks: tuple[tuple[int, ...], ...]
     epoch: int
     seed: int
     shuffle: bool
     columns: tuple[str, ...]
     weight_column: str
+    seeds: bool = False
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for group in batch.column("pieces").to_pylist():
             pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
-            yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
-                                   columns=self.columns, weight_column=self.weight_column)
+            yield from read_pieces(self.plan, pieces, blocks=self.blocks, epoch=self.epoch, seed=self.seed,
+                                   shuffle=self.shuffle, columns=self.columns, weight_column=self.weight_column,
+                                   seeds=self.seeds)
