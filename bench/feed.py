@@ -112,10 +112,10 @@ def _bench(ctx, name: str) -> list[dict]:
     feature_arg = features[0] if len(features) == 1 else features
     feeds: dict[str, object] = {}
     from_files = ray_tfrecord.read_tfrecords(files, schema=schema)
-    feeds["ray_tfrecord feed (files)"] = tf_dataset(from_files, features=feature_arg, label="label", batch_size=BATCH)
+    feeds["ray_tfrecord feed (files)"] = tf_dataset(from_files, feature_columns=feature_arg, label_columns="label", batch_size=BATCH)
     materialized = ray_tfrecord.read_tfrecords(files, schema=schema).materialize()
     feeds["ray_tfrecord feed (materialized)"] = tf_dataset(
-        materialized, features=feature_arg, label="label", batch_size=BATCH
+        materialized, feature_columns=feature_arg, label_columns="label", batch_size=BATCH
     )
     relaxed = ray_tfrecord.read_tfrecords(files, schema=_variable_length(schema)).limit(TO_TF_ROWS[name]).materialize()
     feeds["Ray DataIterator.to_tf"] = relaxed.iterator().to_tf(feature_arg, "label", batch_size=BATCH)

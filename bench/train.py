@@ -121,13 +121,13 @@ def _feeds(config: dict, set_name: str) -> dict:
     dataset, features, label, impls = SETS[set_name]
     shard = ray.train.get_dataset_shard(set_name)
     schema = pa.ipc.read_schema(pa.py_buffer(config["schemas"][dataset]))
-    ours = tf_dataset(shard, features=_inputs(features), label=label, batch_size=BATCH)
+    ours = tf_dataset(shard, feature_columns=_inputs(features), label_columns=label, batch_size=BATCH)
     feeds = {OURS: ours}
     if LATE in impls:
         late = tf_dataset(
             ray.train.get_dataset_shard(f"{set_name}_records"),
-            features=_inputs(features),
-            label=label,
+            feature_columns=_inputs(features),
+            label_columns=label,
             batch_size=BATCH,
             record_schema=schema,
         )
@@ -165,7 +165,7 @@ def _feeds(config: dict, set_name: str) -> dict:
                                          batch_size=BATCH).dataset()
     if STREAM_TRANSFORM in impls:
         feeds[STREAM_TRANSFORM] = tf_dataset(ray.train.get_dataset_shard(f"{set_name}_transformed"),
-                                             features=_inputs(features), label=label, batch_size=BATCH)
+                                             feature_columns=_inputs(features), label_columns=label, batch_size=BATCH)
     if RESUMABLE_TRANSFORM in impls:
         feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
                                                    batch_size=BATCH, transform=_preprocess).dataset()
@@ -271,8 +271,8 @@ def _loop(config: dict) -> None:
         replica_steps = drained[OURS][0][0] // (BATCH // WORKERS)
         per_replica = tf_dataset(
             shard,
-            features=_inputs(features),
-            label=label,
+            feature_columns=_inputs(features),
+            label_columns=label,
             batch_size=BATCH,
             steps_per_epoch=replica_steps,
             strategy=strategy,

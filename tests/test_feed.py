@@ -112,7 +112,7 @@ def test_batches_match_tensorflow_parser(ray_local, tmp_path, batch_size):
     # Several blocks, so batches straddle block boundaries and arrive as sliced arrays.
     ds = ray.data.from_arrow([_arrow(rows[:40]), _arrow(rows[40:77]), _arrow(rows[77:])])
     columns = ["id", "pixels", "emb", "tokens", "frames", "word"]
-    feed = tf_dataset(ds, features=columns, label="label", batch_size=batch_size, drop_remainder=False)
+    feed = tf_dataset(ds, feature_columns=columns, label_columns="label", batch_size=batch_size, drop_last=False)
     expected = _tf_parsed(rows, tmp_path, batch_size)
     got = list(feed)
     assert len(got) == len(expected) == -(-101 // batch_size)
@@ -128,7 +128,7 @@ def test_element_spec_follows_arrow_schema(ray_local):
     table = table.append_column("text", pa.array(["a", "b", "c", "d"], pa.large_string()))
     table = table.append_column("grid", pa.array([[[1.0, 2.0]] * 3] * 4, pa.list_(pa.list_(pa.float64(), 2), 3)))
     table = table.append_column("big", pa.array([[1], [], [2], [3, 4]], pa.large_list(pa.int32())))
-    spec = tf_dataset(ray.data.from_arrow(table), features=table.column_names, batch_size=2).element_spec
+    spec = tf_dataset(ray.data.from_arrow(table), feature_columns=table.column_names, batch_size=2).element_spec
     assert spec["id"] == tf.TensorSpec((None,), tf.int64)
     assert spec["pixels"] == tf.TensorSpec((None, 6), tf.int64)
     assert spec["emb"] == tf.TensorSpec((None, 3), tf.float32)
@@ -140,7 +140,7 @@ def test_element_spec_follows_arrow_schema(ray_local):
     assert spec["flag"] == tf.TensorSpec((None,), tf.bool)
     assert spec["grid"] == tf.TensorSpec((None, 3, 2), tf.float64)
     assert spec["big"] == tf.RaggedTensorSpec((None, None), tf.int32, 1, tf.int64)
-    batch = next(iter(tf_dataset(ray.data.from_arrow(table), features=["grid", "flag", "big"], batch_size=4)))
+    batch = next(iter(tf_dataset(ray.data.from_arrow(table), feature_columns=["grid", "flag", "big"], batch_size=4)))
     assert batch["grid"].shape == (4, 3, 2)
     assert batch["flag"].numpy().tolist() == [True, False, True, True]
     assert batch["big"].to_list() == [[1], [], [2], [3, 4]]
@@ -149,7 +149,7 @@ def test_element_spec_follows_arrow_schema(ray_local):
 def test_ray_tensor_columns_are_dense(ray_local):
     images = np.arange(10 * 4 * 3, dtype=np.float32).reshape(10, 4, 3)
     ds = ray.data.from_numpy(images)
-    feed = tf_dataset(ds, features="data", batch_size=4)
+    feed = tf_dataset(ds, feature_columns="data", batch_size=4)
     assert feed.element_spec == tf.TensorSpec((None, 4, 3), tf.float32)
     got = np.concatenate([b.numpy() for b in feed])
     np.testing.assert_array_equal(got, images[:8])
@@ -157,11 +157,11 @@ def test_ray_tensor_columns_are_dense(ray_local):
 
 def test_null_lists_are_empty_and_null_scalars_are_refused(ray_local):
     table = pa.table({"tokens": pa.array([[1, 2], None, [3]], pa.list_(pa.int64())), "x": pa.array([1.0, None, 2.0])})
-    tokens = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=3)))
+    tokens = next(iter(tf_dataset(ray.data.from_arrow(table), feature_columns="tokens", batch_size=3)))
     assert tokens.to_list() == [[1, 2], [], [3]]
     # tf.data's generator op turns the SchemaError (a ValueError) into InvalidArgumentError.
     with pytest.raises(tf.errors.InvalidArgumentError, match="SchemaError: column 'x': 1 of the 3 rows .* are null"):
-        list(tf_dataset(ray.data.from_arrow(table), features="x", batch_size=3))
+        list(tf_dataset(ray.data.from_arrow(table), feature_columns="x", batch_size=3))
 
 
 def test_pandas_blocks_are_refused_with_the_conversion_that_works(ray_local):
@@ -169,33 +169,52 @@ def test_pandas_blocks_are_refused_with_the_conversion_that_works(ray_local):
 
     ds = ray.data.from_pandas(pd.DataFrame({"a": [1, 2, 3, 4]}))
     with pytest.raises(SchemaError, match=r"the dataset's blocks are pandas .* batch_format='pyarrow'\)$"):
-        tf_dataset(ds, features="a", batch_size=2)
+        tf_dataset(ds, feature_columns="a", batch_size=2)
     converted = ds.map_batches(lambda batch: batch, batch_format="pyarrow")
-    assert [b.numpy().tolist() for b in tf_dataset(converted, features="a", batch_size=2)] == [[1, 2], [3, 4]]
+    assert [b.numpy().tolist() for b in tf_dataset(converted, feature_columns="a", batch_size=2)] == [[1, 2], [3, 4]]
 
 
 def test_single_or_dict_features_and_no_label(ray_local):
     ds = ray.data.from_arrow(
         pa.table({"a": pa.array([1, 2, 3, 4]), "b": pa.array([5, 6, 7, 8]), "y": pa.array([0, 1, 0, 1])})
     )
-    x, y = next(iter(tf_dataset(ds, features="a", label=["y"], batch_size=4)))
+    x, y = next(iter(tf_dataset(ds, feature_columns="a", label_columns=["y"], batch_size=4)))
     assert x.numpy().tolist() == [1, 2, 3, 4] and y["y"].numpy().tolist() == [0, 1, 0, 1]
-    only = next(iter(tf_dataset(ds, features=["a", "b"], batch_size=4)))
+    only = next(iter(tf_dataset(ds, feature_columns=["a", "b"], batch_size=4)))
     assert set(only) == {"a", "b"} and only["b"].numpy().tolist() == [5, 6, 7, 8]
 
 
-def test_drop_remainder_and_steps_per_epoch(ray_local):
+def test_the_names_before_ray_s_still_work_and_name_their_successor(ray_local):
+    ds = ray.data.from_arrow(pa.table({"a": pa.array([1, 2, 3]), "y": pa.array([0, 1, 0])}))
+    with pytest.warns(FutureWarning) as caught:
+        old = list(tf_dataset(ds, features="a", label="y", batch_size=2, drop_remainder=False, ray_prefetch_batches=1))
+    new = list(tf_dataset(ds, feature_columns="a", label_columns="y", batch_size=2, drop_last=False, prefetch_batches=1))
+    assert [(x.numpy().tolist(), y.numpy().tolist()) for x, y in old] == [
+        (x.numpy().tolist(), y.numpy().tolist()) for x, y in new] == [([1, 2], [0, 1]), ([3], [0])]
+    assert sorted(str(w.message) for w in caught) == [
+        f"tf_dataset({old}=) is deprecated and goes in 0.2: pass {new}= (Ray's to_tf name)"
+        for old, new in sorted([("drop_remainder", "drop_last"), ("features", "feature_columns"),
+                                ("label", "label_columns"), ("ray_prefetch_batches", "prefetch_batches")])]
+    with pytest.raises(TypeError, match="got both features= and feature_columns=; pass feature_columns= only"):
+        tf_dataset(ds, features="a", feature_columns="a", batch_size=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'feature'"):
+        tf_dataset(ds, feature="a", batch_size=2)
+    with pytest.raises(TypeError, match="needs feature_columns="):
+        tf_dataset(ds, batch_size=2)
+
+
+def test_drop_last_and_steps_per_epoch(ray_local):
     ds = ray.data.range(103)
-    sizes = [int(b.shape[0]) for b in tf_dataset(ds, features="id", batch_size=10)]
+    sizes = [int(b.shape[0]) for b in tf_dataset(ds, feature_columns="id", batch_size=10)]
     assert sizes == [10] * 10
-    sizes = [int(b.shape[0]) for b in tf_dataset(ds, features="id", batch_size=10, drop_remainder=False)]
+    sizes = [int(b.shape[0]) for b in tf_dataset(ds, feature_columns="id", batch_size=10, drop_last=False)]
     assert sizes == [10] * 10 + [3]
-    short = tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=4)
+    short = tf_dataset(ds, feature_columns="id", batch_size=10, steps_per_epoch=4)
     assert short.cardinality().numpy() == 4
     assert [b.numpy()[0] for b in short] == [0, 10, 20, 30]
     # tf.data's generator op turns the RuntimeError into UnknownError.
     with pytest.raises(tf.errors.UnknownError, match="RuntimeError: this shard gave only 10 full batches"):
-        list(tf_dataset(ds, features="id", batch_size=10, steps_per_epoch=11))
+        list(tf_dataset(ds, feature_columns="id", batch_size=10, steps_per_epoch=11))
 
 
 def _run_ranks(feeds: list, epochs: int) -> list[list[list[int]]]:
@@ -224,7 +243,7 @@ def test_every_rank_gets_the_same_number_of_batches(ray_local):
     batch_size = 8
     for rows, workers in [(1001, 3), (50, 3), (97, 2), (24, 3)]:
         shards = ray.data.range(rows, override_num_blocks=7).streaming_split(workers, equal=True)
-        batches = _run_ranks([tf_dataset(s, features="id", batch_size=batch_size) for s in shards], epochs=2)
+        batches = _run_ranks([tf_dataset(s, feature_columns="id", batch_size=batch_size) for s in shards], epochs=2)
         counts = [len(b) for b in batches]
         expected = 2 * ((rows // workers) // batch_size)
         assert counts == [expected] * workers, (rows, workers, counts)
@@ -241,11 +260,11 @@ def test_unequal_shards_refuse_partial_batches(ray_local, monkeypatch):
     monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(get_world_size=lambda: 2))
     shard = ray.data.range(10).streaming_split(2, equal=False)[0]
     with pytest.raises(ValueError, match="drop_remainder"):
-        tf_dataset(shard, features="id", batch_size=4, drop_remainder=False)
+        tf_dataset(shard, feature_columns="id", batch_size=4, drop_last=False)
     # A whole dataset per rank (each reading its own files) is no safer.
     with pytest.raises(ValueError, match="drop_remainder"):
-        tf_dataset(ray.data.range(10), features="id", batch_size=4, drop_remainder=False)
-    fixed = tf_dataset(shard, features="id", batch_size=4, drop_remainder=False, steps_per_epoch=1)
+        tf_dataset(ray.data.range(10), feature_columns="id", batch_size=4, drop_last=False)
+    fixed = tf_dataset(shard, feature_columns="id", batch_size=4, drop_last=False, steps_per_epoch=1)
     assert fixed.cardinality().numpy() == 1
 
 
@@ -255,7 +274,7 @@ def test_strategy_gives_per_replica_batches_one_pass_per_epoch(ray_local):
     ds = ray.data.from_arrow(
         pa.table({"id": pa.array(range(40)), "tokens": pa.array([[i] * (i % 4) for i in range(40)])})
     )
-    feed = tf_dataset(ds, features=["id", "tokens"], batch_size=8, steps_per_epoch=5, strategy=strategy)
+    feed = tf_dataset(ds, feature_columns=["id", "tokens"], batch_size=8, steps_per_epoch=5, strategy=strategy)
     # The default strategy distributes to itself: the repeating dataset comes back as is.
     assert feed.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
     it = iter(feed)
@@ -271,17 +290,17 @@ def test_strategy_gives_per_replica_batches_one_pass_per_epoch(ray_local):
 def test_strategy_refuses_what_would_unbalance_replicas(ray_local):
     ds = ray.data.range(40)
     with pytest.raises(ValueError, match=r"pass the same steps_per_epoch to tf_dataset and to model\.fit"):
-        tf_dataset(ds, features="id", batch_size=8, strategy=tf.distribute.get_strategy())
+        tf_dataset(ds, feature_columns="id", batch_size=8, strategy=tf.distribute.get_strategy())
     # Only the replica count is read before refusing; a real 3-replica strategy needs 3 devices.
     three = SimpleNamespace(num_replicas_in_sync=3)
     with pytest.raises(ValueError, match=r"batch_size=8 is the global batch.*e\.g\. batch_size=6"):
-        tf_dataset(ds, features="id", batch_size=8, steps_per_epoch=1, strategy=three)
+        tf_dataset(ds, feature_columns="id", batch_size=8, steps_per_epoch=1, strategy=three)
 
 
 def test_partial_batches_are_kept_outside_ray_train(ray_local):
     """On the driver no rank waits for another, so even unequal split shards keep their tails."""
     shards = ray.data.range(10).streaming_split(2, equal=False)
-    feeds = [tf_dataset(s, features="id", batch_size=4, drop_remainder=False) for s in shards]
+    feeds = [tf_dataset(s, feature_columns="id", batch_size=4, drop_last=False) for s in shards]
     batches = _run_ranks(feeds, epochs=1)
     assert sorted(i for rank in batches for b in rank for i in b) == list(range(10))
 
@@ -306,10 +325,10 @@ def test_epochs_reread_unless_cached(ray_local, tmp_path):
             before += epochs[-1]
         return epochs
 
-    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, features="id", batch_size=10))
+    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, feature_columns="id", batch_size=10))
     assert sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(40))
     assert (reads1, reads2) == (4, 4)
-    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, features="id", batch_size=10, cache=True))
+    first, reads1, second, reads2 = blocks_read_per_epoch(tf_dataset(ds, feature_columns="id", batch_size=10, cache=True))
     assert first == second and sorted(sum(first, [])) == list(range(40))
     assert (reads1, reads2) == (4, 0)
 
@@ -319,11 +338,11 @@ def test_bad_requests_fail_early(ray_local):
         pa.table({"a": pa.array([1]), "nested": pa.array([[[1]]], pa.list_(pa.list_(pa.int64()), 1))})
     )
     with pytest.raises(ValueError, match="not in the dataset"):
-        tf_dataset(ds, features="missing", batch_size=1)
+        tf_dataset(ds, feature_columns="missing", batch_size=1)
     with pytest.raises(ValueError, match="batch_size"):
-        tf_dataset(ds, features="a", batch_size=0)
+        tf_dataset(ds, feature_columns="a", batch_size=0)
     with pytest.raises(TypeError, match="fixed-size list of variable-length lists"):
-        tf_dataset(ds, features="nested", batch_size=1)
+        tf_dataset(ds, feature_columns="nested", batch_size=1)
     with pytest.raises(TypeError, match="no TensorFlow equivalent"):
         type_spec(pa.timestamp("s"))
 
@@ -355,7 +374,7 @@ def test_sliced_fixed_size_binary_lists(rows, start):
 def test_local_shuffle_keeps_every_row_once(ray_local):
     ds = ray.data.range(200, override_num_blocks=4)
     # A shuffle buffer smaller than the feed's usual fetch: fetches shrink to fit it.
-    feed = tf_dataset(ds, features="id", batch_size=16, local_shuffle_buffer_size=40, local_shuffle_seed=1)
+    feed = tf_dataset(ds, feature_columns="id", batch_size=16, local_shuffle_buffer_size=40, local_shuffle_seed=1)
     got = [b.numpy() for b in feed]
     assert [len(b) for b in got] == [16] * 12
     flat = np.concatenate(got)
@@ -383,7 +402,7 @@ def test_constant_length_vector_warns_then_trains_dense_when_read_as_told(ray_lo
     def fit(ds):
         model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        return model.fit(tf_dataset(ds, features="embedding", label="label", batch_size=16), verbose=0)
+        return model.fit(tf_dataset(ds, feature_columns="embedding", label_columns="label", batch_size=16), verbose=0)
 
     inferred = ray_tfrecord.read_tfrecords(path)
     assert inferred.schema().base_schema.field("embedding").type == pa.list_(pa.float32())
@@ -409,14 +428,14 @@ def test_variable_length_lists_do_not_warn(ray_local):
     table = pa.table({"tokens": pa.array([[1], [2, 3], [], [4, 5, 6]], pa.list_(pa.int64()))})
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        batch = next(iter(tf_dataset(ray.data.from_arrow(table), features="tokens", batch_size=4)))
+        batch = next(iter(tf_dataset(ray.data.from_arrow(table), feature_columns="tokens", batch_size=4)))
     assert batch.to_list() == [[1], [2, 3], [], [4, 5, 6]]
 
 
 def test_autotuning_is_off_unless_turned_back_on(ray_local):
     # An epoch's end would often wait for the autotuner's next wake-up (see tf_dataset).
     table = pa.table({"x": pa.array(np.arange(20, dtype=np.int64))})
-    ds = tf_dataset(ray.data.from_arrow(table), features="x", batch_size=4)
+    ds = tf_dataset(ray.data.from_arrow(table), feature_columns="x", batch_size=4)
     assert ds.options().autotune.enabled is False
     assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
     assert [b.numpy().tolist() for b in ds] == [list(range(k, k + 4)) for k in range(0, 20, 4)]
@@ -460,7 +479,7 @@ def test_defaults_fill_absent_features_as_fixed_len_feature_does(ray_local, tmp_
     _write_sparse_with_tensorflow(path, 37)
     ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
     columns = ["i", "f", "b", "v"]
-    feed = tf_dataset(ds, features=columns, label="id", batch_size=8, drop_remainder=False, defaults=_SPARSE_DEFAULTS)
+    feed = tf_dataset(ds, feature_columns=columns, label_columns="id", batch_size=8, drop_last=False, defaults=_SPARSE_DEFAULTS)
     spec = {
         "i": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
         "f": tf.io.FixedLenFeature([], tf.float32, default_value=0.5),
@@ -488,7 +507,7 @@ def test_nulls_without_a_default_name_the_column_count_and_fix(ray_local, tmp_pa
     ds = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
     # 12 rows, i present only in odd records: 6 nulls.
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        list(tf_dataset(ds, features="i", batch_size=12))
+        list(tf_dataset(ds, feature_columns="i", batch_size=12))
     assert (
         "SchemaError: column 'i': 6 of the 12 rows in this batch are null (records without the feature), and a "
         "TensorFlow tensor cannot hold nulls; pass defaults={'i': 0} to fill them, as FixedLenFeature's "
@@ -531,7 +550,7 @@ def test_bad_defaults_are_refused_before_reading(ray_local, defaults, message):
         }
     )
     with pytest.raises(SchemaError, match=message):
-        tf_dataset(ray.data.from_arrow(table), features=table.column_names, batch_size=2, defaults=defaults)
+        tf_dataset(ray.data.from_arrow(table), feature_columns=table.column_names, batch_size=2, defaults=defaults)
     with pytest.raises(SchemaError, match=message):
         tensors_from_arrow(table, defaults=defaults)
 
@@ -559,15 +578,15 @@ def test_serialized_records_decode_in_the_feed_as_tensorflow_parses_them(ray_loc
     columns = ["i", "f", "b", "v"]
     feed = tf_dataset(
         records,
-        features=columns,
-        label="id",
+        feature_columns=columns,
+        label_columns="id",
         batch_size=8,
-        drop_remainder=False,
+        drop_last=False,
         defaults=_SPARSE_DEFAULTS,
         record_schema=_SPARSE_SCHEMA,
     )
     decoded = ray_tfrecord.read_tfrecords(path, schema=_SPARSE_SCHEMA)
-    expected = list(tf_dataset(decoded, features=columns, label="id", batch_size=8, drop_remainder=False,
+    expected = list(tf_dataset(decoded, feature_columns=columns, label_columns="id", batch_size=8, drop_last=False,
                                defaults=_SPARSE_DEFAULTS))
     got = list(feed)
     assert len(got) == len(expected) == 5
@@ -583,10 +602,10 @@ def test_serialized_records_decode_in_the_feed_as_tensorflow_parses_them(ray_loc
 def test_record_schema_needs_serialized_records(ray_local):
     ds = ray.data.from_arrow(pa.table({"x": pa.array([1, 2])}))
     with pytest.raises(ValueError, match=r"record_type='ByteArray'"):
-        tf_dataset(ds, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())]))
+        tf_dataset(ds, feature_columns="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())]))
     bad = ray.data.from_arrow(pa.table({"record": pa.array([b"\xff\xff"], pa.binary())}))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"DecodeError: .*record 0 of a 1-record batch: "):
-        list(tf_dataset(bad, features="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())])))
+        list(tf_dataset(bad, feature_columns="x", batch_size=1, record_schema=pa.schema([("x", pa.int64())])))
 
 
 def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
@@ -601,7 +620,7 @@ def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
         }
     )
     ds = ray.data.from_arrow([table.slice(0, 20), table.slice(20)])
-    got = list(tf_dataset(ds, features=["wide", "tokens"], label="label", batch_size=16, drop_remainder=False))
+    got = list(tf_dataset(ds, feature_columns=["wide", "tokens"], label_columns="label", batch_size=16, drop_last=False))
     assert [int(label.shape[0]) for _, label in got] == [16, 16, 16, 2]
     want = tensors_from_arrow(table)
     np.testing.assert_array_equal(np.concatenate([f["wide"].numpy() for f, _ in got]), want["wide"].numpy())

@@ -45,7 +45,7 @@ def test_this_process_runs_keras_3():
 def test_fit_on_the_driver_learns_without_warnings(ray_local):
     keras.utils.set_random_seed(0)
     model = _model()
-    feed = tf_dataset(ray.data.from_arrow(_table()), features="pixels", label="label", batch_size=BATCH,
+    feed = tf_dataset(ray.data.from_arrow(_table()), feature_columns="pixels", label_columns="label", batch_size=BATCH,
                       steps_per_epoch=ROWS // BATCH)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -67,7 +67,7 @@ keras.utils.set_random_seed(0)
 with strategy.scope():
     model = _model()
 steps = ROWS // BATCH
-feed = tf_dataset(ray.data.from_arrow(_table()), features="pixels", label="label", batch_size=BATCH,
+feed = tf_dataset(ray.data.from_arrow(_table()), feature_columns="pixels", label_columns="label", batch_size=BATCH,
                   steps_per_epoch=steps, strategy=strategy)
 x, y = next(iter(feed))
 sizes = [int(t.shape[0]) for t in strategy.experimental_local_results(y)]
@@ -104,7 +104,7 @@ def _custom_loop(config):
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction="sum")
     world = ray.train.get_context().get_world_size()
     steps = (ROWS // world) // (BATCH // world)
-    feed = iter(tf_dataset(ray.train.get_dataset_shard("train"), features="pixels", label="label",
+    feed = iter(tf_dataset(ray.train.get_dataset_shard("train"), feature_columns="pixels", label_columns="label",
                            batch_size=BATCH, steps_per_epoch=steps, strategy=strategy))
 
     @tf.function

@@ -78,10 +78,10 @@ def _equal_steps_loop(config):
     from ray_tfrecord.tf.feed import tf_dataset
 
     rank, strategy, model, shard = _worker_setup(tf)
-    feed = tf_dataset(shard, features=["x", "tokens"], label="y", batch_size=config["batch_size"])
+    feed = tf_dataset(shard, feature_columns=["x", "tokens"], label_columns="y", batch_size=config["batch_size"])
     # The feed reads the world size from Ray Train's context: a partial last batch is refused here.
     try:
-        tf_dataset(shard, features="x", batch_size=config["batch_size"], drop_remainder=False)
+        tf_dataset(shard, feature_columns="x", batch_size=config["batch_size"], drop_last=False)
         partial_refused = False
     except ValueError:
         partial_refused = True
@@ -132,7 +132,7 @@ def _per_replica_loop(config):
     steps = config["steps"]
 
     def feed():
-        return tf_dataset(shard, features=["x", "tokens"], label="y", batch_size=config["batch_size"],
+        return tf_dataset(shard, feature_columns=["x", "tokens"], label_columns="y", batch_size=config["batch_size"],
                           steps_per_epoch=steps, strategy=strategy)
 
     # Two epochs by hand: the rows this rank's replica gets, per epoch, and each batch's size.
@@ -150,7 +150,7 @@ def _per_replica_loop(config):
     history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[_step_counter(tf, counted)],
                         verbose=0)
     # The shard still serves whole epochs after the passes those feeds started and left.
-    after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, features="x", label="y", batch_size=config["batch_size"]))
+    after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, feature_columns="x", label_columns="y", batch_size=config["batch_size"]))
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
         json.dump({"seen": seen, "sizes": sizes, "steps": counted, "loss": history.history["loss"], "after": after}, f)
 
@@ -220,7 +220,7 @@ def _resumable_loop(config):
         def on_epoch_begin(self, epoch, logs=None):
             self._epoch = epoch
 
-    feed = tf_dataset(ray.train.get_dataset_shard("train"), features=["x", "tokens"], label="y", batch_size=32)
+    feed = tf_dataset(ray.train.get_dataset_shard("train"), feature_columns=["x", "tokens"], label_columns="y", batch_size=32)
     # Trace first: the epoch's weights are logged before ReportCheckpoint saves them.
     model.fit(feed, epochs=config["epochs"], initial_epoch=start, callbacks=[Trace(), ReportCheckpoint()], verbose=0)
 

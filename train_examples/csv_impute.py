@@ -79,7 +79,7 @@ def train_loop(config: dict) -> None:
 
     def feed(name: str, batch_size: int) -> tf.data.Dataset:
         return tf_dataset(
-            ray.train.get_dataset_shard(name), features="measurements", label="label", batch_size=batch_size
+            ray.train.get_dataset_shard(name), feature_columns="measurements", label_columns="label", batch_size=batch_size
         )
 
     with strategy.scope():

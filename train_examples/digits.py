@@ -87,8 +87,8 @@ def train_loop(config: dict) -> None:
     start_epoch = restore(model)
     feed = tf_dataset(
         ray.train.get_dataset_shard("train"),
-        features="pixels",
-        label="label",
+        feature_columns="pixels",
+        label_columns="label",
         batch_size=config["batch_size"],
     )
     model.fit(

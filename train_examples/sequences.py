@@ -65,7 +65,7 @@ def train_loop(config: dict) -> None:
 
     def feed(name: str) -> tf.data.Dataset:
         return tf_dataset(
-            ray.train.get_dataset_shard(name), features="steps", label="label", batch_size=config["batch_size"]
+            ray.train.get_dataset_shard(name), feature_columns="steps", label_columns="label", batch_size=config["batch_size"]
         )
 
     tf.keras.utils.set_random_seed(config["seed"])

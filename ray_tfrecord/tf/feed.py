@@ -19,7 +19,7 @@ Example::
         "tokens": pa.array([[1], [2, 3], [], [4, 5, 6]], pa.list_(pa.int64())),
         "label": pa.array([0, 1, 0, 1]),
     }))
-    feed = tf_dataset(ds, features=["pixels", "tokens"], label="label",
+    feed = tf_dataset(ds, feature_columns=["pixels", "tokens"], label_columns="label",
                       batch_size=2)
     for features, label in feed:
         print(features["pixels"].shape, features["tokens"].row_splits, label)

@@ -31,7 +31,7 @@ Example (run with ``python example.py``)::
             model.compile(optimizer="sgd", loss="mse")
         start = restore(model)
         feed = tf_dataset(ray.train.get_dataset_shard("train"),
-                          features="x", label="y", batch_size=8)
+                          feature_columns="x", label_columns="y", batch_size=8)
         model.fit(feed, epochs=config["epochs"], initial_epoch=start,
                   callbacks=[ReportCheckpoint()], verbose=0)
 
