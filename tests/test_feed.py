@@ -257,7 +257,7 @@ def test_every_rank_gets_the_same_number_of_batches(ray_local):
 def test_unequal_shards_refuse_partial_batches(ray_local, monkeypatch):
     # The world size is Ray Train's (its public context, stubbed here; test_train.py
     # checks a real run): there, ranks train in lockstep and unequal shards would hang.
-    monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(get_world_size=lambda: 2))
+    monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(get_world_rank=lambda: 0, get_world_size=lambda: 2))
     shard = ray.data.range(10).streaming_split(2, equal=False)[0]
     with pytest.raises(ValueError, match="drop_remainder"):
         tf_dataset(shard, feature_columns="id", batch_size=4, drop_last=False)

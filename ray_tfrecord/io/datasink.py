@@ -403,8 +403,7 @@ def write_tfrecords(
     # the whole dataset only for the sink to refuse or drop it.
     sink._context = ds.context
     if sink.apply_mode(ds.context):
-        assert sink.result is not None
-        return sink.result
+        return _result(sink)
     if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
         sink._bundle_rows_like_bytes(ds)
     known = ds.schema(fetch_if_missing=False)
@@ -419,5 +418,12 @@ def write_tfrecords(
         if cause is None:
             raise
         raise cause from None
-    assert sink.result is not None  # on_write_complete sets it
+    return _result(sink)
+
+
+def _result(sink: TFRecordDatasink) -> TFRecordWriteResult:
+    # A check, not an assert: under python -O an assert would let a write that never committed return None.
+    if sink.result is None:
+        raise RuntimeError(f"write_tfrecords: Ray finished writing {sink.commit.path} without committing it (the "
+                           "datasink's on_write_complete was not called); nothing of this write is visible")
     return sink.result

@@ -53,7 +53,7 @@ from typing import TypeAlias
 import ray.train
 import tensorflow as tf
 
-__all__ = ["Batches", "PerReplica", "check_partial_batches"]
+__all__ = ["Batches", "PerReplica", "check_partial_batches", "worker_group"]
 
 #: Builds one pipeline of ``batch_size``-row elements, ``steps`` of them an epoch (None: all the data gives).
 Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
@@ -62,7 +62,7 @@ Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
 def check_partial_batches(drop_remainder: bool, steps_per_epoch: int | None) -> None:
     """Refuse a partial last batch when, inside a Ray Train run of several workers, ranks could
     then disagree on the step count (and hang synchronous training)."""
-    if not drop_remainder and steps_per_epoch is None and (world_size := _world_size()) > 1:
+    if not drop_remainder and steps_per_epoch is None and (world_size := worker_group()[1]) > 1:
         raise ValueError(
             f"drop_remainder=False on one of {world_size} workers would let ranks run "
             "different step counts and hang synchronous training; keep "
@@ -70,17 +70,18 @@ def check_partial_batches(drop_remainder: bool, steps_per_epoch: int | None) -> 
         )
 
 
-def _world_size() -> int:
-    """Workers in this Ray Train run; 1 outside one (driver, Ray task, Tune function).
+def worker_group() -> tuple[int, int]:
+    """This worker's (rank, world size) in a Ray Train run; (0, 1) outside one (driver, Ray task, Tune function).
 
     Ray Train v2 raises RuntimeError outside a training function, and
     DeprecationWarning inside a plain Tune function: both mean no peers share
     a collective with this process.
     """
     try:
-        return ray.train.get_context().get_world_size()
+        context = ray.train.get_context()
+        return context.get_world_rank(), context.get_world_size()
     except (RuntimeError, DeprecationWarning):
-        return 1
+        return 0, 1
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ import tensorflow as tf
 from ray_tfrecord.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
 from ray_tfrecord.io.splits import PieceReader, SplitPlan, group_pieces
 from ray_tfrecord.io.transforms import WEIGHT_COLUMN, ClassTransform, FunctionTransform, TransformError, describe
+from ray_tfrecord.tf.distribution import worker_group
 from ray_tfrecord.tf.feed import table_batches
 from ray_tfrecord.tf.tensors import column_plans
 
@@ -54,15 +55,6 @@ FEED_FILE = "feed.json"
 
 # map_batches options the feed sets itself.
 _OWN_OPTIONS = ("fn", "fn_args", "fn_kwargs", "fn_constructor_args")
-
-
-def _group() -> tuple[int, int]:
-    """This worker's (rank, world size) in a Ray Train run; (0, 1) outside one."""
-    try:
-        context = ray.train.get_context()
-        return context.get_world_rank(), context.get_world_size()
-    except (RuntimeError, DeprecationWarning):
-        return 0, 1
 
 
 class ResumableFeed:
@@ -130,7 +122,7 @@ class ResumableFeed:
         self._blocks = tuple(mix_blocks(len(plan.splits), self.mix))
         self._block_rows = [sum(plan.splits[i].rows for i in b) for b in self._blocks]
         self._transform, self._transform_options, self._keep = transform, options, keep
-        self.rank, self.world_size = _group() if rank is None or world_size is None else (rank, world_size)
+        self.rank, self.world_size = worker_group() if rank is None or world_size is None else (rank, world_size)
         read = [n for n in dict.fromkeys(names) if n in available.names]
         self._columns = tuple(read if transform is None else available.names)
         self._schema = pa.schema([available.field(n) for n in read] + [pa.field(WEIGHT_COLUMN, pa.float32())])
