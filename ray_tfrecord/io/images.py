@@ -259,13 +259,14 @@ class ImageTransform:
         """The output table: ``column`` replaced by the images; failed rows raised, dropped or weighted 0."""
         paths = table.column("path").to_pylist() if failures and "path" in table.column_names else None
         for i, reason in failures.items():
-            where = dict(path=paths[i] if paths else None, column=self.column)
+            path = paths[i] if paths else None
             if self.on_corrupt == "raise":
                 hint = "" if paths else ", or read with include_paths=True to see the file"
                 raise ImageError(f"row {i} of this batch is not a decodable image ({reason}); pass "
-                                 f"on_corrupt='skip' to leave such rows out and count them{hint}", **where)
+                                 f"on_corrupt='skip' to leave such rows out and count them{hint}",
+                                 path=path, column=self.column)
             log.warning("%s", ImageError(f"row {i} of this batch is not a decodable image ({reason}); skipped",
-                                         **where))
+                                         path=path, column=self.column))
         self.skipped += len(failures)
         index = table.column_names.index(self.column)
         table = table.remove_column(index)
