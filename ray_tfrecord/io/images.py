@@ -98,7 +98,7 @@ def row_seeds(values: list[Any], seed: int) -> np.ndarray:
     keys = np.array([(zlib.crc32(v) << 32) | (len(v) & 0xFFFFFFFF) if v is not None else 0 for v in values],
                     dtype=np.uint64)
     with np.errstate(over="ignore"):
-        return _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN) ^ keys
+        return _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64) * _GOLDEN) ^ keys
 
 
 def crop_boxes(seeds: np.ndarray | None, heights: np.ndarray, widths: np.ndarray,
