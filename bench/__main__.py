@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SECTIONS = ["codec", "ray_io", "feed", "train", "soak"]
+SECTIONS = ["codec", "ray_io", "feed", "train", "soak", "images"]
 # Run only when named in --only: slow, and they write gigabytes of scratch files.
 OPTIONAL_SECTIONS = ["scaling"]
 
