@@ -187,7 +187,7 @@ def test_a_saved_position_resumes_with_another_worker_count(ray_local, tmp_path)
     assert sorted(trained) == list(range(ROWS))
     assert {feed.position(None) for feed in after} == {Position(1)}
     wrong = _feeds(plan, 1, seed=99)[0]
-    with pytest.raises(ValueError, match="saved by a feed of seed=3.*pass the same seed= and plan"):
+    with pytest.raises(ValueError, match="saved by a feed of seed=3.*this feed has seed=99.*pass the same seed="):
         wrong.load(str(tmp_path))
 
 

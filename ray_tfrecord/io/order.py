@@ -36,7 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Assignment", "Piece", "Position", "assign", "epoch_pieces", "row_order"]
+__all__ = [
+    "SEED_COLUMN", "Assignment", "Piece", "Position", "assign", "epoch_pieces", "mix_blocks", "row_order", "row_seeds",
+]
+
+#: The per-row seed column a resumable feed's transform receives (``pa.uint64``): :func:`row_seeds`.
+SEED_COLUMN = "__seed__"
 
 #: ``(split, lo, hi)``: rows ``lo:hi`` of a split, in its seeded row order.
 Piece = tuple[int, int, int]
@@ -54,6 +59,39 @@ def row_order(rows: int, seed: int, epoch: int, split: int, shuffle: bool) -> np
     if not shuffle:
         return np.arange(rows)
     return np.random.default_rng([seed, epoch, split]).permutation(rows)
+
+
+def mix_blocks(splits: int, mix: int) -> list[tuple[int, ...]]:
+    """The splits fed together as one *block*, whose rows are shuffled as one: ``mix`` splits a block
+    (fewer in the last ones), taken at a stride over the file order, so that a block of a dataset sorted
+    by files (``partition_cols``, or by user or time) holds rows from all over it.  ``mix=1``: a block
+    per split.  Depends on the plan alone, never on the group, so that positions outlive its size."""
+    if mix <= 0:
+        raise ValueError(f"mix must be positive, got {mix}")
+    count = -(-splits // mix)
+    return [tuple(range(b, splits, count)) for b in range(count)]
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a bijection of uint64 that scatters nearby inputs (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def row_seeds(seed: int, epoch: int, split: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Each row's seed (uint64): a hash of ``(seed, epoch, split, row)``, the row's place in the data
+    (its split of the plan and its record number inside the split), never its place in a rank's
+    stream, so that the seeds of a row are the same whatever the world size or resume point."""
+    with np.errstate(over="ignore"):
+        key = np.zeros(1, np.uint64)
+        for part in (seed, epoch):
+            key = _splitmix64(key + np.uint64(part & 0xFFFFFFFFFFFFFFFF) + _GOLDEN)
+        key = _splitmix64(key + split.astype(np.uint64) + _GOLDEN)
+        return _splitmix64(key + row.astype(np.uint64) + _GOLDEN)
 
 
 def _rows(pieces: Sequence[Piece]) -> int:

@@ -30,7 +30,7 @@ from ray_tfrecord.core.index import build_index
 from ray_tfrecord.core.schema import read_stored_schema
 from ray_tfrecord.io import compat
 from ray_tfrecord.io.listing import DataFile, list_files
-from ray_tfrecord.io.order import Piece, row_order
+from ray_tfrecord.io.order import SEED_COLUMN, Piece, row_order, row_seeds
 from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK, ProbeKind, probe_file
 from ray_tfrecord.io.read_tasks import Compression
 
@@ -154,57 +154,76 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
     return table
 
 
-def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], target_bytes: int = sizes.MIN_SPLIT_BYTES,
-                 max_pieces: int = MAX_RANGES_PER_TASK) -> list[list[Weighted]]:
-    """Consecutive ``pieces`` in groups of about ``target_bytes`` on disk and at most ``max_pieces``:
-    one read task each. A task per piece cost a Ray task's overhead per small file (``make bench``,
-    Ray Train drain: 12% of the plain feed's rows/s with 8 MB files read one per task)."""
+def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[Sequence[int]],
+                 target_bytes: int = sizes.MIN_SPLIT_BYTES, max_pieces: int = MAX_RANGES_PER_TASK,
+                 ) -> list[list[Weighted]]:
+    """Consecutive ``pieces`` (of ``blocks``, :func:`~ray_tfrecord.io.order.mix_blocks`) in groups of
+    about ``target_bytes`` on disk and at most ``max_pieces``: one read task each. A task per piece
+    cost a Ray task's overhead per small file (``make bench``, Ray Train drain: 12% of the plain
+    feed's rows/s with 8 MB files read one per task)."""
     groups: list[list[Weighted]] = []
     size = 0
     for weighted in pieces:
         (index, lo, hi), _ = weighted
-        split = plan.splits[index]
+        members = [plan.splits[i] for i in blocks[index]]
+        rows = sum(m.rows for m in members)
         if not groups or size >= target_bytes or len(groups[-1]) >= max_pieces:
             groups.append([])
             size = 0
         groups[-1].append(weighted)
-        size += split.size * (hi - lo) // max(1, split.rows)
+        # A piece of a block decodes the whole block: it costs the block's bytes, whatever its rows.
+        size += sum(m.size for m in members) * (1 if len(members) > 1 else (hi - lo)) // (1 if len(members) > 1
+                                                                                           else max(1, rows))
     return groups
 
 
 def read_pieces(
-    plan: SplitPlan, pieces: Sequence[Weighted], *, epoch: int, seed: int, shuffle: bool,
-    columns: Sequence[str], weight_column: str,
+    plan: SplitPlan, pieces: Sequence[Weighted], *, blocks: Sequence[Sequence[int]], epoch: int, seed: int,
+    shuffle: bool, columns: Sequence[str], weight_column: str, seeds: bool = False,
 ) -> Iterator[pa.Table]:
-    """One table per piece: its rows in the split's seeded order (:func:`~ray_tfrecord.io.order.row_order`),
-    ``columns`` plus ``weight_column`` (float32, the piece's weight)."""
+    """One table per piece of a block: its rows in the block's seeded order
+    (:func:`~ray_tfrecord.io.order.row_order`), ``columns`` plus ``weight_column`` (float32, the
+    piece's weight) and with ``seeds`` :data:`~ray_tfrecord.io.order.SEED_COLUMN` (each row's
+    :func:`~ray_tfrecord.io.order.row_seeds`)."""
     fs = compat.unpickled_filesystem(plan.filesystem)
     schema = pa.schema([plan.schema.field(c) for c in columns])
     for (index, lo, hi), weight in pieces:
-        split = plan.splits[index]
-        table = _split_table(fs, split, schema, plan.compression)
-        rows = row_order(split.rows, seed, epoch, index, shuffle)[lo:hi]
-        table = table.take(pa.array(rows)) if shuffle or lo or hi < split.rows else table
-        yield table.append_column(pa.field(weight_column, pa.float32()),
-                                  pa.array(np.full(hi - lo, weight, np.float32)))
+        members = blocks[index]
+        parts = [_split_table(fs, plan.splits[i], schema, plan.compression) for i in members]
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        rows = row_order(table.num_rows, seed, epoch, index, shuffle)[lo:hi]
+        if shuffle or lo or hi < table.num_rows:
+            table = table.take(pa.array(rows))
+        table = table.append_column(pa.field(weight_column, pa.float32()),
+                                    pa.array(np.full(hi - lo, weight, np.float32)))
+        if seeds:
+            split = np.repeat(np.asarray(members, np.int64), [p.num_rows for p in parts])
+            starts = np.repeat(np.cumsum([0] + [p.num_rows for p in parts[:-1]]), [p.num_rows for p in parts])
+            record = np.arange(len(split)) - starts
+            table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
+                                        pa.array(row_seeds(seed, epoch, split[rows], record[rows])))
+        yield table
 
 
 @dataclass(frozen=True)
 class PieceReader:
     """The body of a resumable feed's Ray Data tasks (``map_batches``): rows of ``pieces`` (runs of
-    ``[split, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
+    ``[block, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
     beside the feed, so that a read task's worker imports no TensorFlow (seconds per fresh worker,
     which Ray starts for the feed's tasks every epoch)."""
 
     plan: SplitPlan
+    blocks: tuple[tuple[int, ...], ...]
     epoch: int
     seed: int
     shuffle: bool
     columns: tuple[str, ...]
     weight_column: str
+    seeds: bool = False
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for group in batch.column("pieces").to_pylist():
             pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
-            yield from read_pieces(self.plan, pieces, epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
-                                   columns=self.columns, weight_column=self.weight_column)
+            yield from read_pieces(self.plan, pieces, blocks=self.blocks, epoch=self.epoch, seed=self.seed,
+                                   shuffle=self.shuffle, columns=self.columns, weight_column=self.weight_column,
+                                   seeds=self.seeds)

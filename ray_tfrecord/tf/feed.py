@@ -320,14 +320,17 @@ def table_batches(
     tf_prefetch: int = tf.data.AUTOTUNE,
     cache: bool = False,
     steps: int | None = None,
+    fetch_rows: int | None = None,
 ) -> tf.data.Dataset:
     """The ``tf.data`` pipeline of every feed: ``tables(fetch_rows)`` gives one epoch of Arrow tables
     (each a whole number of ``batch_size``-row batches, ``fetch_rows`` rows or fewer) per call;
     their columns become tensors as ``plans`` say, in elements of ``batch_size`` rows:
     ``features``, ``(features, label)``, or with ``weight`` (a column name)
     ``(features, label, weight)``, Keras's sample weights.  ``fetch_cap`` bounds the rows per table
-    (a shuffle buffer cannot hand out more than it holds)."""
-    batching = _Batching.fitting(plans.values(), batch_size, fetch_cap)
+    (a shuffle buffer cannot hand out more than it holds); ``fetch_rows`` sets the rows per table
+    (a multiple of ``batch_size``) where the tables were asked for before ``plans`` were known."""
+    batching = (_Batching(batch_size, fetch_rows) if fetch_rows is not None
+                else _Batching.fitting(plans.values(), batch_size, fetch_cap))
     packing = _Packing(plans)
     dataset = tf.data.Dataset.from_generator(
         lambda: map(packing.pack, tables(batching.fetch_rows)), output_signature=packing.signature()
