@@ -17,12 +17,14 @@ cv2 = pytest.importorskip("cv2")
 simplejpeg = pytest.importorskip("simplejpeg")
 
 from ray_tfrecord import ImageError, ImageTransform  # noqa: E402
-from ray_tfrecord.io.images import ASPECT_RANGE, SEED_COLUMN, crop_boxes  # noqa: E402
+from ray_tfrecord.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
+from ray_tfrecord.io.order import SEED_COLUMN  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train_examples"))
 from imagenet_like import image_table, write_image_set  # noqa: E402
 
 COLUMN = "image/encoded"
+LABEL = "image/class/label"
 
 
 @pytest.fixture(scope="module")
@@ -333,3 +335,41 @@ def test_tf_dataset_takes_the_tensor_column_as_one_dense_uint8_batch(ray_local, 
     assert features["image"].dtype.name == "uint8" and tuple(features["image"].shape) == (10, 24, 32, 3)
     assert features["image"].numpy().mean() > 20
     assert math.prod(label.shape) == 10
+
+
+def test_the_resumable_feed_augments_a_resumed_epoch_bit_for_bit_as_an_uninterrupted_one(ray_local, tmp_path):
+    from ray_tfrecord.io.splits import plan_splits
+    from ray_tfrecord.tf.resume import ResumableFeed
+
+    write_image_set(str(tmp_path / "set"), 40, files=4, seed=8)
+    plan = plan_splits(str(tmp_path / "set"), schema=image_table(1).select([COLUMN, "image/filename", LABEL]).schema,
+                       split_bytes=300_000)
+
+    def feed() -> ResumableFeed:
+        return ResumableFeed(plan, features=["image", "image/filename"], label=LABEL, batch_size=8, seed=3,
+                             rank=0, world_size=1, transform=ImageTransform(32, training=True))
+
+    def rows(f: ResumableFeed, steps: int | None = None) -> dict[bytes, bytes]:
+        out = {}
+        for step, (x, _, weight) in enumerate(f.dataset()):
+            if steps is not None and step == steps:
+                break
+            for name, image, w in zip(x["image/filename"].numpy(), x["image"].numpy(), weight.numpy()):
+                if w:
+                    out[name] = image.tobytes()
+        return out
+
+    whole = rows(feed())
+    assert len(whole) == 40
+    first = feed()
+    before = rows(first, 2)
+    first.save(str(tmp_path), 2)
+    resumed = feed()
+    resumed.load(str(tmp_path))
+    after = rows(resumed)
+    assert len(before) == 16 and not set(before) & set(after)
+    assert {**before, **after} == whole
+    # The next epoch crops anew.
+    again = feed()
+    rows(again)
+    assert rows(again) != whole

@@ -49,16 +49,12 @@ import numpy as np
 import pyarrow as pa
 
 from ray_tfrecord.core.errors import DecodeError
+from ray_tfrecord.io.order import SEED_COLUMN
+from ray_tfrecord.io.transforms import WEIGHT_COLUMN
 
-__all__ = ["SEED_COLUMN", "ImageError", "ImageTransform", "crop_boxes", "row_seeds"]
+__all__ = ["ImageError", "ImageTransform", "crop_boxes", "decode_window", "row_seeds"]
 
 log = logging.getLogger(__name__)
-
-#: The per-row seed column ResumableFeed adds to every batch it hands a transform.
-SEED_COLUMN = "__seed__"
-# The weight column of ResumableFeed's batches: a row the transform cannot decode keeps its place
-# (every rank must feed equal batches) with weight 0, so it is fed but not trained on.
-_WEIGHT_COLUMN = "__weight__"
 
 # tensorflow/models' ImageNet preprocessing (official/vision/ops/preprocess_ops.py, resnet's
 # imagenet_preprocessing.py): sample_distorted_bounding_box's ranges and tries; the evaluation crop
@@ -216,7 +212,7 @@ class ImageTransform:
         if isinstance(batch, pa.Table):
             return table
         out = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
-        out[self.output] = images if not failures or _WEIGHT_COLUMN in table.column_names \
+        out[self.output] = images if not failures or WEIGHT_COLUMN in table.column_names \
             else np.delete(images, sorted(failures), axis=0)
         return out
 
@@ -273,11 +269,11 @@ class ImageTransform:
         table = table.append_column(self.output, _tensor_array(images))
         if not failures:
             return table
-        if _WEIGHT_COLUMN in table.column_names:
-            weight = table.column(_WEIGHT_COLUMN).to_numpy().copy()
+        if WEIGHT_COLUMN in table.column_names:
+            weight = table.column(WEIGHT_COLUMN).to_numpy().copy()
             weight[sorted(failures)] = 0
-            return table.set_column(table.column_names.index(_WEIGHT_COLUMN), _WEIGHT_COLUMN,
-                                    pa.array(weight, table.schema.field(_WEIGHT_COLUMN).type))
+            return table.set_column(table.column_names.index(WEIGHT_COLUMN), WEIGHT_COLUMN,
+                                    pa.array(weight, table.schema.field(WEIGHT_COLUMN).type))
         keep = np.ones(len(table), bool)
         keep[sorted(failures)] = False
         return table.filter(pa.array(keep))
