@@ -373,3 +373,23 @@ def test_the_resumable_feed_augments_a_resumed_epoch_bit_for_bit_as_an_uninterru
     again = feed()
     rows(again)
     assert rows(again) != whole
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_example_trains_past_chance_and_reports_its_rate(tmp_path):
+    """``train_examples/images_cnn.py --fast`` as a user runs it: it learns (four classes, chance is 0.25)
+    and its log is readable."""
+    import subprocess
+
+    from tests.test_examples_quiet import readable_log_problems
+
+    example = os.path.join(os.path.dirname(__file__), "..", "train_examples", "images_cnn.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_COLOR_PREFIX")}
+    env["RAY_ADDRESS"] = "local"
+    run = subprocess.run([sys.executable, example, "--fast", "--out", str(tmp_path / "out")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800)
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert "trained 3 epochs, loss " in run.stdout
+    assert " images/s (decode, crop, flip and resize in Ray Data)" in run.stdout
+    assert readable_log_problems(run.stdout, max_lines=200) == []

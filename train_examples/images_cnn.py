@@ -3,7 +3,7 @@
 1. ``imagenet_like.py`` writes train and validation TFRecords with ``build_imagenet_data.py``'s keys
    (``image/encoded`` JPEGs at quality 90, ``image/class/label`` from 1), cut from the photos
    scikit-learn ships: nothing is downloaded.
-2. Training reads them through the resumable feed, whose Ray Data tasks run ``ImageTransform``:
+2. Training reads them through the resumable feed (``ResumableFeed``), whose Ray Data tasks run ``ImageTransform``:
    decode, random-resized-crop and flip drawn from each row's seed (so a resumed epoch augments as
    an uninterrupted one would), resize, out as one dense uint8 tensor per batch.
 3. Validation decodes with the evaluation crop, and the script prints the accuracy and the images
@@ -35,10 +35,16 @@ from imagenet_like import CLASSES, write_image_set
 
 _quiet_tf.install()
 
+import pyarrow as pa
+
 import ray_tfrecord
 from ray_tfrecord import ImageTransform
+from ray_tfrecord.io.splits import plan_splits
+from ray_tfrecord.tf.resume import ResumableFeed
 
 LABEL = "image/class/label"
+# The columns the feed reads: the JPEG bytes and the label.
+SCHEMA = pa.schema([("image/encoded", pa.binary()), (LABEL, pa.int64())])
 
 
 def _model(size: int):
@@ -82,30 +88,37 @@ def main() -> None:
     ray.init(runtime_env=_quiet_tf.ray_runtime_env())
     train_dir, val_dir = os.path.join(out, "train"), os.path.join(out, "validation")
     write_image_set(train_dir, args.images, files=4, seed=0)
-    write_image_set(val_dir, max(args.images // 4, 64), files=2, seed=1)
-    print(f"wrote {args.images} training and {max(args.images // 4, 64)} validation JPEG records under {out}")
+    val_images = max(args.images // 4, 64)
+    write_image_set(val_dir, val_images, files=2, seed=1)
+    print(f"wrote {args.images} training and {val_images} validation JPEG records under {out}")
 
+    # The resumable feed: each epoch's order and each row's crop and flip come from (seed, epoch, row),
+    # so a run resumed from a checkpoint (ReportCheckpoint under Ray Train) trains on the same images.
+    plan = plan_splits(train_dir, schema=SCHEMA)
+    feed = ResumableFeed(plan, features="image", label=LABEL, batch_size=args.batch_size, seed=0,
+                         transform=ImageTransform(args.size, training=True), transform_options={"batch_size": 64})
     model = _model(args.size)
-    trained, seconds = 0, 0.0
+    train = feed.dataset().map(lambda image, label, weight: (image, _from_one(label), weight))
+    losses, epoch_seconds = [], []
     for epoch in range(args.epochs):
-        # A new seed each epoch: new crops and flips, the same for the same (seed, image) on any rerun.
-        train = ray_tfrecord.read_tfrecords(train_dir, columns=["image/encoded", LABEL]).random_shuffle(seed=epoch)
-        train = train.map_batches(ImageTransform(args.size, training=True, seed=epoch), batch_format="pyarrow")
-        feed = ray_tfrecord.tf_dataset(train, features="image", label=LABEL, batch_size=args.batch_size)
-        feed = feed.map(lambda image, label: (image, _from_one(label)))
+        # One fit per epoch, each a new pass over the feed: the next epoch, in its own seeded order.
+        images = feed.steps() * args.batch_size
         start = time.perf_counter()
-        history = model.fit(feed, epochs=1, verbose=0)
-        seconds += time.perf_counter() - start
-        trained += (args.images // args.batch_size) * args.batch_size
-        print(f"epoch {epoch + 1}/{args.epochs}: loss {history.history['loss'][-1]:.3f}, "
-              f"{trained / seconds:,.0f} images/s so far")
+        history = model.fit(train, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=feed.steps(),
+                            shuffle=False, verbose=0)
+        epoch_seconds.append((images, time.perf_counter() - start))
+        losses.append(history.history["loss"][-1])
+    # Steady state: the epochs after the first, which starts Ray Data's workers and traces the step.
+    steady = epoch_seconds[1:] or epoch_seconds
+    images_per_s = sum(n for n, _ in steady) / sum(s for _, s in steady)
+    print(f"trained {args.epochs} epochs, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     val = ray_tfrecord.read_tfrecords(val_dir, columns=["image/encoded", LABEL]).map_batches(
         ImageTransform(args.size, training=False), batch_format="pyarrow")
     val_feed = ray_tfrecord.tf_dataset(val, features="image", label=LABEL, batch_size=args.batch_size,
                                        drop_remainder=False).map(lambda image, label: (image, _from_one(label)))
-    _, accuracy = model.evaluate(val_feed, verbose=0)
-    print(f"validation accuracy: {accuracy:.4f}; training fed {trained / seconds:,.0f} images/s "
+    _, accuracy = model.evaluate(val_feed, steps=-(-val_images // args.batch_size), verbose=0)
+    print(f"validation accuracy: {accuracy:.4f}; training fed {images_per_s:,.0f} images/s "
           f"(decode, crop, flip and resize in Ray Data); done in {time.monotonic() - started:.0f}s")
     assert accuracy >= args.min_accuracy, f"validation accuracy {accuracy:.4f} < {args.min_accuracy}"
 
