@@ -67,7 +67,7 @@ def _drain(make) -> float:
     return rate
 
 
-def _fit(make) -> float:
+def _fit(make, n: int) -> float:
     import tensorflow as tf
 
     model = _tiny_cnn()
@@ -80,9 +80,7 @@ def _fit(make) -> float:
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
 
-    data = make()
-    n = sum(int(label.shape[0]) for _, label in data)
-    model.fit(data.repeat(2), epochs=2, steps_per_epoch=n // BATCH, callbacks=[Clock()], verbose=0)
+    model.fit(make().repeat(2), epochs=2, steps_per_epoch=n // BATCH, callbacks=[Clock()], verbose=0)
     return (n // BATCH) * BATCH / times[-1]
 
 
@@ -169,9 +167,9 @@ def run(ctx) -> list[dict]:
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
     ours = _ours(files, cores)
     rates["ray_tfrecord"] = _drain(ours)
-    rates["ray_tfrecord -> fit"] = _fit(ours)
+    rates["ray_tfrecord -> fit"] = _fit(ours, n)
     ray.shutdown()
-    rates["tf.data reference -> fit"] = _fit(reference)
+    rates["tf.data reference -> fit"] = _fit(reference, n)
 
     notes = {
         "limit": f"one thread of simplejpeg full decodes x {cores} cores",
