@@ -393,3 +393,19 @@ def test_the_example_trains_past_chance_and_reports_its_rate(tmp_path):
     assert "trained 3 epochs, loss " in run.stdout
     assert " images/s (decode, crop, flip and resize in Ray Data)" in run.stdout
     assert readable_log_problems(run.stdout, max_lines=200) == []
+
+
+def test_fixed_shape_tensor_columns_become_dense_tensors_ray_s_and_arrow_s():
+    from ray.data.extensions import ArrowTensorArray
+
+    from ray_tfrecord.tf.tensors import tensors_from_arrow, type_spec
+
+    images = np.arange(4 * 2 * 3 * 3, dtype=np.uint8).reshape(4, 2, 3, 3)
+    for column in (ArrowTensorArray.from_numpy(images), pa.FixedShapeTensorArray.from_numpy_ndarray(images)):
+        assert type_spec(column.type).shape.as_list() == [None, 2, 3, 3]
+        tensor = tensors_from_arrow(pa.table({"image": column.slice(1, 2)}))["image"]
+        assert tensor.dtype.name == "uint8"
+        np.testing.assert_array_equal(tensor.numpy(), images[1:3])
+    permuted = pa.fixed_shape_tensor(pa.uint8(), (2, 3, 3), permutation=[1, 0, 2])
+    with pytest.raises(TypeError, match="has no TensorFlow equivalent"):
+        type_spec(permuted)
