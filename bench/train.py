@@ -75,14 +75,27 @@ RAY_ONLY = "Ray iter_batches, no TensorFlow"
 # Fit only: one batch held in memory and repeated for as many steps as a shard gives; no input
 # cost at all, so what Keras and the collectives allow, which caps every feed's fit.
 NO_INPUT = "one batch repeated in memory, no input"
-# Seeded, record-exact splits per rank, resumable mid-epoch (tabular sets only).
+# Seeded, record-exact splits per rank, resumable mid-epoch.
 RESUMABLE = "ray_tfrecord ResumableFeed (resumable)"
+# The same preprocessing (_preprocess) in the streaming feed's Ray Data execution and in the resumable one's.
+STREAM_TRANSFORM = "ray_tfrecord feed + transform (map_batches)"
+RESUMABLE_TRANSFORM = "ray_tfrecord ResumableFeed + transform"
+# Each resumable row's peer in the same run: the streaming feed (tf_dataset on streaming_split).
+PEER = {RESUMABLE: OURS, RESUMABLE_TRANSFORM: STREAM_TRANSFORM}
 _ALL = (OURS, LATE, TO_TF, TF_DATA)
 SETS = {
-    "dense": ("tabular", ["embedding"], "label", (*_ALL, RESUMABLE)),
+    "dense": ("tabular", ["embedding"], "label", (*_ALL, RESUMABLE, STREAM_TRANSFORM, RESUMABLE_TRANSFORM)),
     "ragged": ("tabular", ["embedding", "ids"], "label", (OURS, LATE, TF_DATA, RESUMABLE)),
-    "image": ("image", ["pixels"], "label", _ALL),
+    "image": ("image", ["pixels"], "label", (*_ALL, RESUMABLE)),
 }
+
+
+def _preprocess(batch: pa.Table) -> pa.Table:
+    """A typical row-wise preprocessing step, vectorised: the label rescaled."""
+    import pyarrow.compute as pc
+
+    index = batch.column_names.index("label")
+    return batch.set_column(index, "label", pc.multiply(batch.column("label"), 2))
 
 
 def _spec_of(t: pa.DataType):
@@ -145,11 +158,17 @@ def _feeds(config: dict, set_name: str) -> dict:
         .with_options(options)
     )
     feeds[TF_DATA] = per_worker
-    if RESUMABLE in impls:
-        from ray_tfrecord.tf.resume import ResumableFeed
+    from ray_tfrecord.tf.resume import ResumableFeed
 
+    if RESUMABLE in impls:
         feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
                                          batch_size=BATCH).dataset()
+    if STREAM_TRANSFORM in impls:
+        feeds[STREAM_TRANSFORM] = tf_dataset(ray.train.get_dataset_shard(f"{set_name}_transformed"),
+                                             features=_inputs(features), label=label, batch_size=BATCH)
+    if RESUMABLE_TRANSFORM in impls:
+        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
+                                                   batch_size=BATCH, transform=_preprocess).dataset()
     return feeds
 
 
@@ -301,14 +320,14 @@ def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, tuple[fl
     return out
 
 
-def _repeated_plan(ctx, links: list[str], schema: pa.Schema):
+def _repeated_plan(ctx, name: str, links: list[str], schema: pa.Schema):
     """The splits of ``links`` (the dataset's files, passes times over): the files are planned once
     and their splits repeated under each link's name, not scanned once per link."""
     import dataclasses
 
     from ray_tfrecord.io.splits import plan_splits
 
-    plan = plan_splits(ctx.files("tabular"), schema=schema)
+    plan = plan_splits(ctx.files(name), schema=schema)
     by_file: dict[str, list] = {}
     for split in plan.splits:
         by_file.setdefault(os.path.basename(split.path), []).append(split)
@@ -334,9 +353,11 @@ def run(ctx) -> list[dict]:
             files[dataset], schema=schemas[dataset], columns=[*features, label]
         )
         datasets[f"{set_name}_records"] = ray_tfrecord.read_tfrecords(files[dataset], record_type="ByteArray")
+        if STREAM_TRANSFORM in SETS[set_name][3]:
+            datasets[f"{set_name}_transformed"] = datasets[set_name].map_batches(_preprocess, batch_format="pyarrow")
     with tempfile.TemporaryDirectory() as out:
         config = {
-            "plans": {"tabular": _repeated_plan(ctx, files["tabular"], schemas["tabular"])},
+            "plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
             "sets": list(SETS),
             "files": files,
             "schemas": {k: s.serialize().to_pybytes() for k, s in schemas.items()},
@@ -358,7 +379,7 @@ def run(ctx) -> list[dict]:
                 per_rank.append(json.load(f))
     ray.shutdown()
 
-    rows = []
+    rows = _mixing(ctx)
     for set_name, (dataset, _, _, _) in SETS.items():
         n_rows = ctx.image_rows if dataset == "image" else ctx.tabular_rows
         bytes_per_row = ctx.bytes(dataset) / n_rows
@@ -366,15 +387,19 @@ def run(ctx) -> list[dict]:
             measured = _rates(per_rank, set_name, mode)
             rates = {impl: rate for impl, (rate, _) in measured.items()}
             best = max(rates[OURS], rates[LATE], rates.get(PER_REPLICA, 0.0))
-            for impl, (rate, first) in measured.items():
+            # Each resumable feed right below its streaming peer.
+            order = [i for impl in measured if impl not in PEER
+                     for i in (impl, *(r for r, peer in PEER.items() if peer == impl and r in measured))]
+            for impl in order:
+                rate, first = measured[impl]
                 note = f"{WORKERS} workers, {mode}, global batch {BATCH}"
                 if first is not None:
                     note += f", first batch after {first:.2f}s"
                 if impl in (RAY_ONLY, NO_INPUT):
                     note += f"; ours reaches {best / rate:.0%} of it"
-                elif impl == RESUMABLE:
-                    note += f"; {rate / rates[OURS]:.0%} of the plain feed's rows/s"
-                elif impl not in (OURS, LATE, PER_REPLICA):
+                elif impl in PEER:
+                    note += f"; {rate / rates[PEER[impl]]:.2f}x {PEER[impl]} (the streaming feed), same run"
+                elif impl not in (OURS, LATE, PER_REPLICA, STREAM_TRANSFORM):
                     note += f"; ours is {rates[OURS] / rate:.2f}x, {best / rate:.2f}x at best"
                 rows.append(
                     {
@@ -386,4 +411,58 @@ def run(ctx) -> list[dict]:
                         "note": note,
                     }
                 )
+    return rows
+
+
+MIX_ROWS, MIX_LABELS, MIX_BATCH, MIX_WIDTH = 100_000, 10, 256, 200
+
+
+def _mixing(ctx) -> list[dict]:
+    """Distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data (100,000
+    rows of ``MIX_WIDTH`` floats, 10 labels, a directory each), 2 ranks: the resumable feed with its
+    default ``mix``, with ``mix=1`` (a split's rows only), and tf.data's usual recipe (files shuffled,
+    ``interleave(cycle_length=4)``, ``shuffle(10_000)``).  Memory: the largest block a read task holds
+    decoded (``mix`` splits), as Arrow bytes."""
+    import glob
+
+    import numpy as np
+    import ray
+    import tensorflow as tf
+
+    import ray_tfrecord
+    from ray_tfrecord.io.order import mix_blocks
+    from ray_tfrecord.io.splits import plan_splits
+    from ray_tfrecord.tf.resume import ResumableFeed
+
+    path = os.path.join(ctx.tmp, "by_label")
+    ids = np.arange(MIX_ROWS)
+    x = pa.FixedSizeListArray.from_arrays(pa.array(np.random.default_rng(0).random(MIX_ROWS * MIX_WIDTH, np.float32)),
+                                          MIX_WIDTH)
+    if not os.path.exists(path):
+        ray_tfrecord.write_tfrecords(ray.data.from_arrow(pa.table({"label": ids % MIX_LABELS, "x": x})), path,
+                                     partition_cols=["label"])
+    plan = plan_splits(path)
+    row_bytes = MIX_WIDTH * 4 + 8
+    results = {}
+    for mix in (16, 1):
+        counts = []
+        for rank in range(2):
+            feed = ResumableFeed(plan, features="x", label="label", batch_size=MIX_BATCH, mix=mix, rank=rank,
+                                 world_size=2)
+            counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
+        block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))
+        results[f"ResumableFeed, mix={mix}"] = (counts, block * row_bytes)
+    files = sorted(glob.glob(os.path.join(path, "label=*", "*.tfrecord")))
+    label_of = {f: int(f.split("label=")[1].split("/")[0]) for f in files}
+    # Each record stands for its file (its label), in the order the recipe reads records: no parsing needed.
+    per_file = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=0).interleave(
+        lambda f: tf.data.TFRecordDataset(f).map(lambda _: f), cycle_length=4).shuffle(10_000, seed=0).batch(MIX_BATCH)
+    counts = [len({label_of[f.decode()] for f in batch.numpy()}) for batch in per_file]
+    results["tf.data: files shuffled, interleave(4), shuffle(10_000)"] = (counts, 10_000 * row_bytes)
+    rows = []
+    for impl, (counts, memory) in results.items():
+        single = sum(c == 1 for c in counts) / len(counts)
+        rows.append({"bench": "train mixing", "dataset": f"{MIX_ROWS:,} rows, partition_cols=['label'], 10 labels",
+                     "impl": impl, "note": f"median {statistics.median(counts):g} distinct labels per {MIX_BATCH}-row "
+                     f"batch, {single:.0%} single-label; holds {memory / 2**20:.0f} MiB of rows decoded"})
     return rows

@@ -22,7 +22,7 @@ from ray_tfrecord.core.index import build_index, write_index
 from ray_tfrecord.io import splits
 from ray_tfrecord.io.order import Position, assign, epoch_pieces
 from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.resume import ResumableFeed
+from ray_tfrecord.tf.resume import SEED_COLUMN, ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -230,20 +230,33 @@ def test_gzip_needs_no_index(ray_local, tmp_path):
 EPOCHS, BATCH, EVERY = 2, 16, 4
 
 
+def augment(batch: pa.Table) -> pa.Table:
+    """Per-row randomness from the feed's row seeds: a resumed epoch must draw what an uninterrupted one does."""
+    draws = [np.random.default_rng(s).random() for s in batch.column(SEED_COLUMN).to_numpy()]
+    return batch.append_column("noise", pa.array(draws, pa.float32()))
+
+
+def _resumable(config) -> ResumableFeed:
+    return ResumableFeed(config["plan"], features=["id", "x", "noise"], label="y", batch_size=BATCH, seed=11,
+                         transform=augment)
+
+
 def _ids_log(config, rank: int):
-    def flush(pending: list, epoch: int) -> None:
+    def flush(pending: list, epoch: int | None = None) -> None:
+        """Rows (id, noise) of ``epoch``, or (epoch, id, noise) without one."""
+        rows = pending if epoch is None else [(epoch, *row) for row in pending]
         with open(os.path.join(config["log"], f"rank{rank}.txt"), "a") as f:
-            f.writelines(f"{epoch} {i}\n" for i in pending)
+            f.writelines(f"{e} {i} {n!r}\n" for e, i, n in rows)
         pending.clear()
 
     return flush
 
 
 def _die_once(config, rank: int, epoch: int, step: int) -> None:
-    """Rank 1 exits at ``die_at`` of epoch 1, once; with ``node_dies``, it names its node in the marker
-    and waits there for the test to remove the node."""
+    """Rank 1 exits at ``die_at`` of epoch ``die_epoch`` (1 by default), once; with ``node_dies``, it names
+    its node in the marker and waits there for the test to remove the node."""
     marker = os.path.join(config["log"], "died")
-    if (epoch, step, rank) != (1, config["die_at"], 1) or os.path.exists(marker):
+    if (epoch, step, rank) != (config.get("die_epoch", 1), config["die_at"], 1) or os.path.exists(marker):
         return
     with open(marker, "w") as f:
         f.write(ray.get_runtime_context().get_node_id())
@@ -258,7 +271,7 @@ def _custom_loop(config):
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
-    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    feed = _resumable(config)
     with strategy.scope():
         dense = tf.keras.layers.Dense(1)
         dense.build((None, 2))
@@ -290,7 +303,8 @@ def _custom_loop(config):
         for step, (x, y, w) in enumerate(feed.dataset(), 1):
             _die_once(config, rank, epoch, step)
             train_step(x["x"], y, w)
-            pending += x["id"].numpy()[w.numpy() > 0].tolist()
+            kept = w.numpy() > 0
+            pending += zip(x["id"].numpy()[kept].tolist(), x["noise"].numpy()[kept].tolist(), strict=True)
             if step % EVERY == 0:
                 report(epoch, step)
                 flush(pending, epoch)
@@ -299,7 +313,7 @@ def _custom_loop(config):
 
 
 class _IdModel(tf.keras.Model):
-    """One Dense layer on ``x``; its train step also hands ``note`` the ids it trains on (weight > 0)."""
+    """One Dense layer on ``x``; its train step also hands ``note`` the (id, noise) it trains on (weight > 0)."""
 
     def __init__(self, note) -> None:
         super().__init__()
@@ -311,42 +325,48 @@ class _IdModel(tf.keras.Model):
 
     def train_step(self, data):
         x, _, w = data
-        tf.py_function(lambda ids, weights: self.note(ids.numpy()[weights.numpy() > 0].tolist()), [x["id"], w], [])
+        tf.py_function(lambda ids, noise, weights: self.note(list(zip(
+            ids.numpy()[weights.numpy() > 0].tolist(), noise.numpy()[weights.numpy() > 0].tolist(), strict=True))),
+            [x["id"], x["noise"], w], [])
         return super().train_step(data)
 
 
 def _keras_loop(config):
+    """One ``fit`` for the whole run, restarts included; a row's epoch is the feed's at its step."""
     import ray.train
 
     from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
-    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=11)
+    feed = _resumable(config)
     pending: list = []
     with strategy.scope():
         model = _IdModel(pending.extend)
         model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
-    flush = _ids_log(config, rank)
+    flush, tagged = _ids_log(config, rank), []
 
     class Log(tf.keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            _die_once(config, rank, self.epoch, batch + 1)
+            _die_once(config, rank, self.keras_epoch, batch + 1)
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
+            self.keras_epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):  # after ReportCheckpoint's report
+            # The feed's epoch where this step began (known once the pass has started).
+            epoch = feed.position(batch, steps_per_batch=strategy.num_replicas_in_sync).epoch
+            tagged.extend((epoch, *row) for row in pending)
+            pending.clear()
             if (batch + 1) % EVERY == 0:
-                flush(pending, self.epoch)
+                flush(tagged)
 
         def on_epoch_end(self, epoch, logs=None):
-            flush(pending, epoch)
+            flush(tagged)
 
-    start = restore(model, feed)
-    checkpoints = ReportCheckpoint(keras_file=False, every_n_steps=EVERY, feed=feed)
-    for epoch in range(start, EPOCHS):  # one fit per epoch: a resumed epoch is shorter
-        model.fit(feed.dataset(), epochs=epoch + 1, initial_epoch=epoch, callbacks=[checkpoints, Log()], verbose=0)
+    restore(model, feed)
+    model.fit(feed.dataset(), epochs=EPOCHS, verbose=0,
+              callbacks=[ReportCheckpoint(keras_file=False, every_n_steps=EVERY, feed=feed), Log()])
 
 
 def _train(loop, config, tmp_path, workers: int, max_failures: int):
@@ -356,28 +376,54 @@ def _train(loop, config, tmp_path, workers: int, max_failures: int):
                               storage_path=str(tmp_path / "runs"), name="resume", max_failures=max_failures).fit()
 
 
-def _trained_once_per_epoch(log_dir) -> None:
-    per_epoch = collections.defaultdict(collections.Counter)
+def _logged(log_dir) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """(epoch, rank): the (id, noise) of each trained row, in order."""
+    rows = collections.defaultdict(list)
     for name in os.listdir(log_dir):
         if name.startswith("rank"):
             for line in open(os.path.join(log_dir, name)):
-                epoch, i = map(int, line.split())
-                per_epoch[epoch][i] += 1
+                epoch, i, noise = line.split()
+                rows[int(epoch), int(name[4:-4])].append((int(i), float(noise)))
+    return rows
+
+
+def _trained_once_per_epoch(log_dir) -> None:
+    per_epoch = collections.defaultdict(collections.Counter)
+    for (epoch, _), rows in _logged(log_dir).items():
+        per_epoch[epoch].update(i for i, _ in rows)
     assert os.path.exists(os.path.join(log_dir, "died"))
     assert sorted(per_epoch) == list(range(EPOCHS))
     for epoch, counts in per_epoch.items():
         assert counts == collections.Counter(range(ROWS)), (epoch, {i: n for i, n in counts.items() if n != 1})
 
 
+def _uninterrupted(plan, world: int) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """What each rank trains on, in order, in a run that nothing interrupts."""
+    feeds = [ResumableFeed(plan, features=["id", "x", "noise"], label="y", batch_size=BATCH, seed=11,
+                           transform=augment, rank=r, world_size=world) for r in range(world)]
+    rows = collections.defaultdict(list)
+    for epoch in range(EPOCHS):
+        for rank, feed in enumerate(feeds):
+            for x, _, w in feed.dataset():
+                kept = w.numpy() > 0
+                rows[epoch, rank] += zip(x["id"].numpy()[kept].tolist(), x["noise"].numpy()[kept].tolist(),
+                                         strict=True)
+    return rows
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize(("loop", "die_at"), [(_custom_loop, 7), (_keras_loop, 11)], ids=["custom_loop", "keras_fit"])
-def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, tmp_path, loop, die_at):
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("loop", "die_epoch", "die_at"), [(_custom_loop, 1, 7), (_keras_loop, 0, 11)],
+                         ids=["custom_loop", "one_keras_fit"])
+def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, tmp_path, loop, die_epoch, die_at):
+    """The rows after the restart, and their augmentation, are those of an uninterrupted run; one ``fit``
+    resumes inside epoch 0, so its Keras epochs then cross the feed's."""
     plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
     (tmp_path / "log").mkdir()
-    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": die_at}
+    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": die_at, "die_epoch": die_epoch}
     _train(loop, config, tmp_path, workers=2, max_failures=1)
     _trained_once_per_epoch(tmp_path / "log")
+    assert _logged(tmp_path / "log") == _uninterrupted(plan, 2)
 
 
 @pytest.mark.slow

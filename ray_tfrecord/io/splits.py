@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,10 +29,11 @@ from ray_tfrecord.core.framing import iter_chunks, open_stream
 from ray_tfrecord.core.index import build_index
 from ray_tfrecord.core.schema import read_stored_schema
 from ray_tfrecord.io import compat
-from ray_tfrecord.io.listing import DataFile, list_files
+from ray_tfrecord.io.listing import DataFile, Listing, list_files
 from ray_tfrecord.io.order import SEED_COLUMN, Piece, row_order, row_seeds
+from ray_tfrecord.io.partitioning import PartitionValues
 from ray_tfrecord.io.planning import MAX_RANGES_PER_TASK, ProbeKind, probe_file
-from ray_tfrecord.io.read_tasks import Compression
+from ray_tfrecord.io.read_tasks import PATH_COLUMN, Compression
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_pieces",
@@ -70,6 +71,17 @@ class SplitPlan:
     schema: pa.Schema
     filesystem: Any  # made pickleable (compat.pickleable_filesystem)
     compression: Compression
+    # The partition values of each file (Hive directories, a TFDS shard's split), as read_tfrecords
+    # returns them: ((path, ((column, value), ...)), ...), typed by partition_schema.
+    partitions: tuple[tuple[str, PartitionValues], ...] = ()
+    partition_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+
+    def columns(self, include_paths: bool = False) -> pa.Schema:
+        """What ``read_tfrecords`` returns for these files: the records' columns, then the partition
+        columns (which win over a record column of the same name, as in Spark), then with
+        ``include_paths`` a ``path`` column."""
+        fields = [*(f for f in self.schema if f.name not in self.partition_schema.names), *self.partition_schema]
+        return pa.schema(fields + ([pa.field(PATH_COLUMN, pa.string())] if include_paths else []))
 
     @property
     def split_rows(self) -> list[int]:
@@ -108,7 +120,11 @@ def plan_splits(
     with ThreadPoolExecutor(_PLAN_THREADS) as pool:
         per_file = pool.map(lambda f: _file_splits(fs, f, compression, split_bytes), listing.files)
         splits = tuple(s for file_splits in per_file for s in file_splits)
-    return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression)
+    return SplitPlan(splits, schema, compat.pickleable_filesystem(fs), compression, *_partitions(listing))
+
+
+def _partitions(listing: Listing) -> tuple[tuple[tuple[str, PartitionValues], ...], pa.Schema]:
+    return tuple((f.path, f.partitions) for f in listing.files if f.partitions), listing.partition_schema
 
 
 def _file_splits(fs: pafs.FileSystem, file: DataFile, compression: Compression, split_bytes: int) -> list[Split]:
@@ -171,9 +187,9 @@ def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[S
             groups.append([])
             size = 0
         groups[-1].append(weighted)
-        # A piece of a block decodes the whole block: it costs the block's bytes, whatever its rows.
-        size += sum(m.size for m in members) * (1 if len(members) > 1 else (hi - lo)) // (1 if len(members) > 1
-                                                                                           else max(1, rows))
+        # A piece of a block of several splits decodes them all, whatever its rows.
+        block_bytes = sum(m.size for m in members)
+        size += block_bytes if len(members) > 1 else block_bytes * (hi - lo) // max(1, rows)
     return groups
 
 
@@ -186,10 +202,15 @@ def read_pieces(
     piece's weight) and with ``seeds`` :data:`~ray_tfrecord.io.order.SEED_COLUMN` (each row's
     :func:`~ray_tfrecord.io.order.row_seeds`)."""
     fs = compat.unpickled_filesystem(plan.filesystem)
-    schema = pa.schema([plan.schema.field(c) for c in columns])
+    available = plan.columns(include_paths=PATH_COLUMN in columns)
+    attached = {*plan.partition_schema.names, PATH_COLUMN}
+    schema = pa.schema([plan.schema.field(c) for c in columns if c not in attached])
+    extra = [available.field(c) for c in columns if c in attached]
+    partitions = dict(plan.partitions) if extra else {}
     for (index, lo, hi), weight in pieces:
         members = blocks[index]
-        parts = [_split_table(fs, plan.splits[i], schema, plan.compression) for i in members]
+        parts = [_attached(partitions, plan.splits[i], _split_table(fs, plan.splits[i], schema, plan.compression),
+                           extra) for i in members]
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         rows = row_order(table.num_rows, seed, epoch, index, shuffle)[lo:hi]
         if shuffle or lo or hi < table.num_rows:
@@ -203,6 +224,16 @@ def read_pieces(
             table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
                                         pa.array(row_seeds(seed, epoch, split[rows], record[rows])))
         yield table
+
+
+def _attached(partitions: dict[str, PartitionValues], split: Split, table: pa.Table,
+              extra: Sequence[pa.Field]) -> pa.Table:
+    """``table`` (rows of ``split``) with the partition and path columns of ``extra``: one value a file."""
+    values = dict(partitions.get(split.path, ()))
+    values[PATH_COLUMN] = split.path
+    for f in extra:
+        table = table.append_column(f, pa.array([values.get(f.name)] * table.num_rows, f.type))
+    return table
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,13 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
     With ``feed`` (the :class:`~ray_tfrecord.tf.resume.ResumableFeed` that ``fit`` reads) the
     checkpoint also holds the rows the group has trained on, the rows of completed steps, so that
     :func:`restore` continues the epoch at the first row no rank has trained on.  Without one, a
-    checkpoint inside an epoch resumes at that epoch's first row.
+    checkpoint inside an epoch resumes at that epoch's first row.  With a feed one ``fit`` trains
+    the rest of a run after a restart: ``restore(model, feed)`` then ``model.fit(feed.dataset(),
+    epochs=N, callbacks=[ReportCheckpoint(..., feed=feed)])``.  Each Keras epoch is then a whole
+    epoch's steps of the feed, from where it stands (so after a restart inside an epoch, Keras's
+    epochs end at the same step of the feed's epochs), and ``fit`` stops once the feed has fed
+    epoch ``N - 1`` to its end: each of the ``N`` epochs is trained exactly once across restarts.
+    The reported ``epoch`` and ``step`` are Keras's.
     """
 
     def __init__(self, keras_file: bool = True, *, every_n_steps: int | None = None,
@@ -58,12 +64,22 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
         self._feed = feed
         self._epoch = 0
 
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self._feed is not None:
+            self._feed.run_until(self.params["epochs"])
+
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
         self._epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._every is not None and (batch + 1) % self._every == 0:
             self._report(logs, {"epoch": self._epoch, "step": batch + 1}, finished=False)
+        if self._feed is not None:
+            # The feed's last epoch ends inside this Keras epoch (a resumed run has fewer steps left
+            # than its epochs hold): stop there, before the feed runs out under Keras.
+            replicas = self.model.distribute_strategy.num_replicas_in_sync
+            if self._feed.position(batch + 1, steps_per_batch=replicas).epoch >= self.params["epochs"]:
+                self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
         self._report(logs, {"epoch": epoch}, finished=True)
@@ -95,7 +111,9 @@ def restore(model: tf_keras.Model, feed: ResumableFeed | None = None) -> int:
     returns the epoch following the checkpointed one, or the checkpointed epoch itself when the
     checkpoint was taken inside it, ready for ``model.fit(..., initial_epoch=restore(model))``.
     With ``feed``, the feed continues from the position saved with the weights, so the next pass
-    over ``feed.dataset()`` feeds only the rows no rank has trained on yet.
+    over ``feed.dataset()`` feeds only the rows no rank has trained on yet, and it returns the
+    feed's epoch; ``fit(feed.dataset(), epochs=N)`` with ``ReportCheckpoint(feed=feed)`` needs no
+    ``initial_epoch``: the callback stops ``fit`` at the end of the feed's epoch ``N - 1``.
     """
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:

@@ -7,7 +7,13 @@ splits (:mod:`ray_tfrecord.io.splits`), contiguous shares per rank, a seeded shu
 split.  The ranks step in lockstep, so the rows the group has trained after ``k`` steps are known
 on every rank: :meth:`ResumableFeed.save` writes that position into a checkpoint directory without
 gathering anything, and :meth:`ResumableFeed.load` continues from it.
-:class:`~ray_tfrecord.tf.checkpoint.ReportCheckpoint` does both for Keras ``fit``.
+:class:`~ray_tfrecord.tf.checkpoint.ReportCheckpoint` does both for Keras ``fit``, in one ``fit``
+call across restarts (:meth:`ResumableFeed.run_until`).
+
+Splits are shuffled in blocks of ``mix`` splits taken at a stride over the files, so that batches
+of a dataset sorted by files mix (:func:`~ray_tfrecord.io.order.mix_blocks`).  A ``transform`` runs
+in the feed's Ray Data execution, one row out per row in (:mod:`ray_tfrecord.io.transforms`); each
+row carries a seed of its own (:data:`SEED_COLUMN`), the same whatever the group or resume point.
 
 Each element is ``(features, label, weight)``: ``weight`` (float32, one per row) is 0 on padding
 rows, which fill the last step of a rank whose share is short (equal batches on every rank keep
@@ -88,6 +94,9 @@ class ResumableFeed:
         transform_options: ``map_batches`` keywords for ``transform``: ``batch_format`` (``"pyarrow"``
             by default), ``batch_size``, ``num_cpus``, ``num_gpus``, ``concurrency`` / ``compute``,
             ``fn_constructor_kwargs``, ``resources``...
+        include_paths: Add a ``path`` column (each row's file), as ``read_tfrecords(include_paths=True)``
+            does; partition columns (Hive ``key=value`` directories, a TFDS shard's ``split``) are
+            columns of the feed as they are of ``read_tfrecords``.
         keep: A predicate over a batch (after ``transform``, in its batch format): one bool per row;
             rows it rejects get weight 0, so they are fed but not trained on and every rank keeps
             its step count.
@@ -98,6 +107,7 @@ class ResumableFeed:
         seed: int = 0, shuffle: bool = True, defaults: Mapping[str, Any] | None = None, rank: int | None = None,
         world_size: int | None = None, tf_prefetch: int = tf.data.AUTOTUNE, mix: int = 16,
         transform: Any = None, transform_options: Mapping[str, Any] | None = None, keep: Any = None,
+        include_paths: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -105,8 +115,9 @@ class ResumableFeed:
             raise ValueError("the plan has no rows: plan_splits found only empty files")
         names = [features] if isinstance(features, str) else list(features)
         names += [label] if isinstance(label, str) else list(label)
+        available = plan.columns(include_paths)
         for own in (WEIGHT_COLUMN, SEED_COLUMN):
-            if own in plan.schema.names:
+            if own in available.names:
                 raise ValueError(f"the column name {own!r} is the feed's own column; rename the dataset's column")
         options = dict(transform_options or {})
         if transform is None and options:
@@ -120,9 +131,9 @@ class ResumableFeed:
         self._block_rows = [sum(plan.splits[i].rows for i in b) for b in self._blocks]
         self._transform, self._transform_options, self._keep = transform, options, keep
         self.rank, self.world_size = _group() if rank is None or world_size is None else (rank, world_size)
-        read = [n for n in dict.fromkeys(names) if n in plan.schema.names]
-        self._columns = tuple(read if transform is None else plan.schema.names)
-        self._schema = pa.schema([plan.schema.field(n) for n in read] + [pa.field(WEIGHT_COLUMN, pa.float32())])
+        read = [n for n in dict.fromkeys(names) if n in available.names]
+        self._columns = tuple(read if transform is None else available.names)
+        self._schema = pa.schema([available.field(n) for n in read] + [pa.field(WEIGHT_COLUMN, pa.float32())])
         self._names, self._defaults = names, defaults
         self._plans = None if transform is not None else column_plans(self._schema, [*names, WEIGHT_COLUMN],
                                                                           defaults)
