@@ -12,13 +12,15 @@ One run, the same files (``train_examples/imagenet_like.py``: 500x375-class JPEG
 - ``limit``: one thread of the decoder ImageTransform uses (simplejpeg) doing full decodes of the same
   bytes, times the cores: what a perfectly parallel full decode would reach.
 
-Each line runs two epochs and counts the second (the first starts Ray's workers and traces TensorFlow's
-functions); images per core-second is images/s over the cores.
+Each line runs one warm-up pass (Ray's workers start, TensorFlow traces), then the lines take turns for
+three rounds and the median round counts (the spread is in the note); images per core-second is
+images/s over the cores.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ SIZE = 224
 BATCH = 64
 IMAGES = 2_000
 QUICK_IMAGES = 400
+ROUNDS = 3
 CLASSES = 4
 
 
@@ -57,31 +60,23 @@ def _tiny_cnn():
 
 
 def _drain(make) -> float:
-    """Images per second of the second pass over ``make()``'s epochs."""
-    rate = 0.0
-    for _ in range(2):
-        n, start = 0, time.perf_counter()
-        for _, label in make():
-            n += int(label.shape[0])
-        rate = n / (time.perf_counter() - start)
-    return rate
+    """Images per second of one pass over ``make()``."""
+    n, start = 0, time.perf_counter()
+    for _, label in make():
+        n += int(label.shape[0])
+    return n / (time.perf_counter() - start)
 
 
-def _fit(make, n: int) -> float:
-    import tensorflow as tf
-
+def _fitter(make, n: int):
+    """A function fitting one epoch of ``make()`` into a tiny CNN (the same model each call): images/s."""
     model = _tiny_cnn()
-    times: list[float] = []
 
-    class Clock(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+    def fit() -> float:
+        start = time.perf_counter()
+        model.fit(make(), epochs=1, steps_per_epoch=n // BATCH, shuffle=False, verbose=0)
+        return (n // BATCH) * BATCH / (time.perf_counter() - start)
 
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.start)
-
-    model.fit(make().repeat(2), epochs=2, steps_per_epoch=n // BATCH, callbacks=[Clock()], verbose=0)
-    return (n // BATCH) * BATCH / times[-1]
+    return fit
 
 
 def _tf_pipeline(files: list[str], full_decode: bool, cores: int):
@@ -131,10 +126,8 @@ def _ours(files: list[str], cores: int):
     return make
 
 
-def _limit(files: list[str]) -> float:
-    """One thread of simplejpeg decoding every image in full."""
+def _encoded(files: list[str]) -> list[bytes]:
     import pyarrow as pa
-    import simplejpeg
 
     import ray_tfrecord
     from ray_tfrecord.core.framing import iter_chunks
@@ -145,10 +138,17 @@ def _limit(files: list[str]) -> float:
         with open(f, "rb") as fh:
             for chunk in iter_chunks(fh, path=f):
                 values.extend(decoder.decode(chunk).column("image/encoded").to_pylist())
+    return values
+
+
+def _limit(values: list[bytes], cores: int) -> float:
+    """One thread of simplejpeg decoding every image in full, times the cores."""
+    import simplejpeg
+
     start = time.perf_counter()
     for v in values:
         simplejpeg.decode_jpeg(v)
-    return len(values) / (time.perf_counter() - start)
+    return cores * len(values) / (time.perf_counter() - start)
 
 
 def run(ctx) -> list[dict]:
@@ -158,18 +158,30 @@ def run(ctx) -> list[dict]:
     n = QUICK_IMAGES if ctx.image_rows < 20_000 else IMAGES
     files = _image_set(ctx, n)
     megabytes = sum(os.path.getsize(f) for f in files) / 1e6
-    rates: dict[str, float] = {}
-    rates["limit"] = _limit(files) * cores
+    values = _encoded(files)
     reference = _tf_pipeline(files, full_decode=False, cores=cores)
-    rates["tf.data reference"] = _drain(reference)
-    rates["tf.data full decode"] = _drain(_tf_pipeline(files, full_decode=True, cores=cores))
+    ours = _ours(files, cores)
     ray.shutdown()
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
-    ours = _ours(files, cores)
-    rates["ray_tfrecord"] = _drain(ours)
-    rates["ray_tfrecord -> fit"] = _fit(ours, n)
+    lines = {
+        "limit": lambda: _limit(values, cores),
+        "tf.data reference": lambda: _drain(reference),
+        "tf.data full decode": lambda: _drain(_tf_pipeline(files, full_decode=True, cores=cores)),
+        "ray_tfrecord": lambda: _drain(ours),
+        "ray_tfrecord -> fit": _fitter(ours, n),
+        "tf.data reference -> fit": _fitter(reference, n),
+    }
+    # A warm-up pass each (Ray's workers, TensorFlow's tracing), then rounds taking turns, so that a
+    # burst of load from other processes does not land on one line only; the median round counts.
+    for measure in lines.values():
+        measure()
+    rounds: dict[str, list[float]] = {name: [] for name in lines}
+    for _ in range(ROUNDS):
+        for name, measure in lines.items():
+            rounds[name].append(measure())
     ray.shutdown()
-    rates["tf.data reference -> fit"] = _fit(reference, n)
+    rates = {name: statistics.median(r) for name, r in rounds.items()}
+    spread = {name: f"{min(r):,.0f}-{max(r):,.0f}" for name, r in rounds.items()}
 
     notes = {
         "limit": f"one thread of simplejpeg full decodes x {cores} cores",
@@ -181,7 +193,7 @@ def run(ctx) -> list[dict]:
     }
     rows = []
     for impl, rate in rates.items():
-        note = f"{rate / cores:,.0f} images per core-second; {notes[impl]}"
+        note = f"{rate / cores:,.0f} images per core-second (rounds {spread[impl]}/s); {notes[impl]}"
         if impl.startswith("ray_tfrecord"):
             peer = "tf.data reference -> fit" if impl.endswith("fit") else "tf.data reference"
             note += f"; {rate / rates[peer]:.2f}x {peer}, {rate / rates['limit']:.0%} of the limit"
