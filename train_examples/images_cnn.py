@@ -97,6 +97,9 @@ def main() -> None:
     plan = plan_splits(train_dir, schema=SCHEMA)
     feed = ResumableFeed(plan, features="image", label=LABEL, batch_size=args.batch_size, seed=0,
                          transform=ImageTransform(args.size, training=True), transform_options={"batch_size": 64})
+    # No pass past the last epoch: the feed starts reading the next epoch ahead, and none should be left
+    # running when the script ends.
+    feed.run_until(args.epochs)
     model = _model(args.size)
     train = feed.dataset().map(lambda image, label, weight: (image, _from_one(label), weight))
     losses, epoch_seconds = [], []
