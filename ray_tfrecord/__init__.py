@@ -37,6 +37,7 @@ _LAZY = {
     "TFRecordDatasink": "io.datasink",
     "list_files": "io.listing",
     "tf_dataset": "tf.feed",
+    "ImageTransform": "io.images", "ImageError": "io.images",
 }
 
 __all__ = [

@@ -146,6 +146,10 @@ def _tensor_extension_shape(t: pa.DataType) -> tuple[int, ...] | None:
     """Shape of a fixed-shape tensor extension type (Ray's or Arrow's), else None."""
     if isinstance(t, pa.BaseExtensionType):
         shape = getattr(t, "shape", None)
+        # Arrow's fixed_shape_tensor may store its dims permuted; only the row-major layout is a view.
+        permutation = getattr(t, "permutation", None)
+        if permutation and list(permutation) != sorted(permutation):
+            return None
         if shape is not None and all(isinstance(d, int) and d >= 0 for d in shape):
             return tuple(shape)
     return None
@@ -204,8 +208,12 @@ def _dense_values(
 
 
 def _tensor_storage_values(arr: pa.Array) -> pa.Array:
-    # Ray stores tensors as (large) lists of the flattened elements.
-    return _list_children(arr.storage)[0]
+    # Ray stores tensors as (large) lists of the flattened elements, Arrow's fixed_shape_tensor as a
+    # fixed-size list of them; either way the rows' elements are one slice of one buffer.
+    storage = arr.storage
+    if pa.types.is_fixed_size_list(storage.type):
+        return storage.flatten()
+    return _list_children(storage)[0]
 
 
 def _refuse_nulls(arr: pa.Array, column: str, plan: ColumnPlan) -> None:

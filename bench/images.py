@@ -1,0 +1,202 @@
+"""ImageNet-style JPEGs decoded, randomly cropped, flipped and resized to 224x224: images per second.
+
+One run, the same files (``train_examples/imagenet_like.py``: 500x375-class JPEGs at quality 90, about
+110 KB each) and the same cores for every line:
+
+- ``ray_tfrecord``: ``read_tfrecords`` -> ``map_batches(ImageTransform(224, training=True))`` in Ray
+  Data -> ``tf_dataset``, drained; and the same feed into Keras ``fit`` of a tiny CNN.
+- ``tf.data reference``: tensorflow/models' ImageNet input: ``interleave`` of ``TFRecordDataset``,
+  ``parse_single_example``, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` (decodes only
+  the window), ``random_flip_left_right``, ``resize``, AUTOTUNE; drained, and into the same ``fit``.
+- ``tf.data full decode``: the same with ``decode_jpeg`` of the whole image, then the crop.
+- ``limit``: one thread of the decoder ImageTransform uses (simplejpeg) doing full decodes of the same
+  bytes, times the cores: what a perfectly parallel full decode would reach.
+
+Each line runs one warm-up pass (Ray's workers start, TensorFlow traces), then the lines take turns for
+three rounds and the median round counts (the spread is in the note); images per core-second is
+images/s over the cores.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SIZE = 224
+BATCH = 64
+IMAGES = 2_000
+QUICK_IMAGES = 400
+ROUNDS = 3
+CLASSES = 4
+
+
+def _image_set(ctx, n: int) -> list[str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train_examples"))
+    from imagenet_like import write_image_set
+
+    directory = Path(ctx.tmp).parent / "imagenet_like" / str(n)
+    if not (directory / "_DONE").exists():
+        write_image_set(str(directory), n, files=8, seed=0)
+        (directory / "_DONE").touch()
+    return sorted(str(p) for p in directory.glob("train-*"))
+
+
+def _tiny_cnn():
+    import tensorflow as tf
+    from tensorflow import keras
+
+    model = keras.Sequential([
+        keras.Input((SIZE, SIZE, 3), dtype="uint8"),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(8, 5, strides=4, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(CLASSES),
+    ])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _drain(make) -> float:
+    """Images per second of one pass over ``make()``."""
+    n, start = 0, time.perf_counter()
+    for _, label in make():
+        n += int(label.shape[0])
+    return n / (time.perf_counter() - start)
+
+
+def _fitter(make, n: int):
+    """A function fitting one epoch of ``make()`` into a tiny CNN (the same model each call): images/s."""
+    model = _tiny_cnn()
+
+    def fit() -> float:
+        start = time.perf_counter()
+        model.fit(make(), epochs=1, steps_per_epoch=n // BATCH, shuffle=False, verbose=0)
+        return (n // BATCH) * BATCH / (time.perf_counter() - start)
+
+    return fit
+
+
+def _tf_pipeline(files: list[str], full_decode: bool, cores: int):
+    import tensorflow as tf
+
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(serialized):
+        f = tf.io.parse_single_example(serialized, spec)
+        encoded = f["image/encoded"]
+        shape = tf.image.extract_jpeg_shape(encoded)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]), min_object_covered=0.1,
+            aspect_ratio_range=[3 / 4, 4 / 3], area_range=[0.08, 1.0], max_attempts=10,
+            use_image_if_no_bounding_boxes=True)
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        if full_decode:
+            image = tf.io.decode_jpeg(encoded, channels=3)[y:y + h, x:x + w]
+        else:
+            image = tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
+        image = tf.image.random_flip_left_right(image)
+        image = tf.cast(tf.image.resize(image, [SIZE, SIZE]), tf.uint8)
+        return image, f["image/class/label"] - 1
+
+    def make():
+        return (tf.data.Dataset.from_tensor_slices(files)
+                .interleave(tf.data.TFRecordDataset, cycle_length=cores, num_parallel_calls=tf.data.AUTOTUNE)
+                .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+                .batch(BATCH, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE))
+
+    return make
+
+
+def _ours(files: list[str], cores: int):
+    import ray_tfrecord
+
+    def make():
+        ds = ray_tfrecord.read_tfrecords(files, columns=["image/encoded", "image/class/label"]).map_batches(
+            ray_tfrecord.ImageTransform(SIZE, training=True, seed=0, threads=cores), batch_format="pyarrow",
+            batch_size=BATCH)
+        feed = ray_tfrecord.tf_dataset(ds, features="image", label="image/class/label", batch_size=BATCH)
+        return feed.map(lambda image, label: (image, label - 1))
+
+    return make
+
+
+def _encoded(files: list[str]) -> list[bytes]:
+    import pyarrow as pa
+
+    import ray_tfrecord
+    from ray_tfrecord.core.framing import iter_chunks
+
+    decoder = ray_tfrecord.Decoder(pa.schema([("image/encoded", pa.binary())]))
+    values = []
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter_chunks(fh, path=f):
+                values.extend(decoder.decode(chunk).column("image/encoded").to_pylist())
+    return values
+
+
+def _limit(values: list[bytes], cores: int) -> float:
+    """One thread of simplejpeg decoding every image in full, times the cores."""
+    import simplejpeg
+
+    start = time.perf_counter()
+    for v in values:
+        simplejpeg.decode_jpeg(v)
+    return cores * len(values) / (time.perf_counter() - start)
+
+
+def run(ctx) -> list[dict]:
+    import ray
+
+    cores = 2
+    n = QUICK_IMAGES if ctx.image_rows < 20_000 else IMAGES
+    files = _image_set(ctx, n)
+    megabytes = sum(os.path.getsize(f) for f in files) / 1e6
+    values = _encoded(files)
+    reference = _tf_pipeline(files, full_decode=False, cores=cores)
+    ours = _ours(files, cores)
+    ray.shutdown()
+    ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
+    lines = {
+        "limit": lambda: _limit(values, cores),
+        "tf.data reference": lambda: _drain(reference),
+        "tf.data full decode": lambda: _drain(_tf_pipeline(files, full_decode=True, cores=cores)),
+        "ray_tfrecord": lambda: _drain(ours),
+        "ray_tfrecord -> fit": _fitter(ours, n),
+        "tf.data reference -> fit": _fitter(reference, n),
+    }
+    # A warm-up pass each (Ray's workers, TensorFlow's tracing), then rounds taking turns, so that a
+    # burst of load from other processes does not land on one line only; the median round counts.
+    for measure in lines.values():
+        measure()
+    rounds: dict[str, list[float]] = {name: [] for name in lines}
+    for _ in range(ROUNDS):
+        for name, measure in lines.items():
+            rounds[name].append(measure())
+    ray.shutdown()
+    rates = {name: statistics.median(r) for name, r in rounds.items()}
+    spread = {name: f"{min(r):,.0f}-{max(r):,.0f}" for name, r in rounds.items()}
+
+    notes = {
+        "limit": f"one thread of simplejpeg full decodes x {cores} cores",
+        "tf.data reference": "tensorflow/models: decode_and_crop_jpeg (the window only), flip, AUTOTUNE",
+        "tf.data full decode": "decode_jpeg of the whole image, then the crop",
+        "ray_tfrecord": "read_tfrecords -> ImageTransform in Ray Data -> tf_dataset, drained",
+        "ray_tfrecord -> fit": "the same feed into Keras fit of a tiny CNN",
+        "tf.data reference -> fit": "the reference pipeline into the same fit",
+    }
+    rows = []
+    for impl, rate in rates.items():
+        note = f"{rate / cores:,.0f} images per core-second (rounds {spread[impl]}/s); {notes[impl]}"
+        if impl.startswith("ray_tfrecord"):
+            peer = "tf.data reference -> fit" if impl.endswith("fit") else "tf.data reference"
+            note += f"; {rate / rates[peer]:.2f}x {peer}, {rate / rates['limit']:.0%} of the limit"
+        rows.append({"bench": "images", "dataset": f"{n:,} JPEGs ({megabytes / n * 1e3:.0f} KB), {cores} CPUs",
+                     "impl": impl, "rows_per_s": rate, "mb_per_s": rate * megabytes / n, "note": note})
+    return rows
