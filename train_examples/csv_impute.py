@@ -32,7 +32,7 @@ from sklearn.datasets import load_breast_cancer
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.tf.train import ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf import ReportCheckpoint, restore, tensorflow_trainer
 
 MISSING = 0.1
 
@@ -72,7 +72,7 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     tf.keras.utils.set_random_seed(config["seed"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

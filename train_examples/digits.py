@@ -5,7 +5,7 @@
 2. Both sets are read back with ``read_tfrecords``; the label comes back from the
    directory names as an int.
 3. Two Ray Train workers train a small network with
-   ``MultiWorkerMirroredStrategy``, fed by ``ray_tfrecord.tf.feed.tf_dataset`` and
+   ``MultiWorkerMirroredStrategy``, fed by ``ray_tfrecord.tf.tf_dataset`` and
    checkpointing every epoch.
 4. The trained model from the last checkpoint classifies the test set with Ray
    Data actors; predictions are written as TFRecord, keyed by row id, then read
@@ -43,8 +43,8 @@ from sklearn.model_selection import train_test_split
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.tf.inference import inference
-from ray_tfrecord.tf.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf import inference
+from ray_tfrecord.tf import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
 
 PIXELS = 64
 CLASSES = 10
@@ -67,7 +67,7 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     tf.keras.utils.set_random_seed(config["seed"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

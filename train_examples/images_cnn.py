@@ -39,8 +39,8 @@ import pyarrow as pa
 
 import ray_tfrecord
 from ray_tfrecord import ImageTransform
-from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.resume import ResumableFeed
+from ray_tfrecord.tf import plan_splits
+from ray_tfrecord.tf import ResumableFeed
 
 LABEL = "image/class/label"
 # The columns the feed reads: the JPEG bytes and the label.

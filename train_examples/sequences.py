@@ -27,7 +27,7 @@ import ray
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.tf.train import ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf import ReportCheckpoint, restore, tensorflow_trainer
 
 VOCAB = 10
 MARKER = 3
@@ -51,7 +51,7 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     class BagOfSteps(tf.keras.layers.Layer):
         """Embeds tokens, sums them within each step, max-pools over the steps."""
