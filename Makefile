@@ -2,7 +2,7 @@
 PY ?= $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
-NATIVE := $(wildcard ray_tfrecord/core/native/*.[ch])
+NATIVE := $(wildcard ray_tfrecord/_src/core/native/*.[ch])
 
 .PHONY: demo test lint bench docs clean test-lowest clean-lowest
 
@@ -36,7 +36,7 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The lowest supported versions (.ci/lowest-constraints.txt: Ray 2.50, pyarrow 18, numpy 2.0, TF 2.18) in a
-# second venv, and the Ray- and TF-facing tests under them, so both ends of the Ray range run the same tests. The editable install rebuilds ray_tfrecord/core/_native*.so in place; with
+# second venv, and the Ray- and TF-facing tests under them, so both ends of the Ray range run the same tests. The editable install rebuilds ray_tfrecord/_src/core/_native*.so in place; with
 # the same python3.11 that is the same file .venv builds. The pins go in with -r, not -c: as
 # constraints, pip 26 backtracks for many minutes through opentelemetry releases before settling.
 # TensorFlow 2.18, the lowest, has wheels for python 3.9-3.12 only.
@@ -68,4 +68,4 @@ clean-lowest:
 include fuzz.mk
 
 clean:
-	rm -rf $(VENV) build site *.egg-info ray_tfrecord/core/*.so
+	rm -rf $(VENV) build site *.egg-info ray_tfrecord/_src/core/*.so

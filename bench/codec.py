@@ -12,8 +12,8 @@ from functools import partial
 
 import pyarrow as pa
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.framing import RecordWriter, iter_chunks
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.framing import RecordWriter, iter_chunks
 
 from .datasets import BenchContext, tf_feature_spec
 

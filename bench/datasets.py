@@ -108,8 +108,8 @@ def _write_with_tensorflow(table: pa.Table, directory: Path) -> None:
 
     import tensorflow as tf
 
-    from ray_tfrecord.core import codec
-    from ray_tfrecord.core.framing import iter_chunks
+    from ray_tfrecord._src.core import codec
+    from ray_tfrecord._src.core.framing import iter_chunks
 
     directory.mkdir(parents=True, exist_ok=True)
     per_file = -(-table.num_rows // FILES)

@@ -114,13 +114,13 @@ def _tf_pipeline(files: list[str], full_decode: bool, cores: int):
 
 
 def _ours(files: list[str], cores: int):
-    import ray_tfrecord
+    import ray_tfrecord.tf
 
     def make():
         ds = ray_tfrecord.read_tfrecords(files, columns=["image/encoded", "image/class/label"]).map_batches(
             ray_tfrecord.ImageTransform(SIZE, training=True, seed=0, threads=cores), batch_format="pyarrow",
             batch_size=BATCH)
-        feed = ray_tfrecord.tf_dataset(ds, features="image", label="image/class/label", batch_size=BATCH)
+        feed = ray_tfrecord.tf.tf_dataset(ds, feature_columns="image", label_columns="image/class/label", batch_size=BATCH)
         return feed.map(lambda image, label: (image, label - 1))
 
     return make
@@ -130,7 +130,7 @@ def _encoded(files: list[str]) -> list[bytes]:
     import pyarrow as pa
 
     import ray_tfrecord
-    from ray_tfrecord.core.framing import iter_chunks
+    from ray_tfrecord._src.core.framing import iter_chunks
 
     decoder = ray_tfrecord.Decoder(pa.schema([("image/encoded", pa.binary())]))
     values = []

@@ -39,8 +39,8 @@ def _unit() -> Tuple[bytes, List[int]]:
     """The framed bytes of ``UNIT_ROWS`` records and the offset after each record."""
     import io
 
-    from ray_tfrecord.core import codec
-    from ray_tfrecord.core.framing import iter_chunks
+    from ray_tfrecord._src.core import codec
+    from ray_tfrecord._src.core.framing import iter_chunks
 
     table = tabular_table(UNIT_ROWS, seed=7)
     data = bytes(codec.encode(table).data)
@@ -61,7 +61,7 @@ def _framed(data: bytes, ends: List[int], nbytes: int) -> Iterator[bytes]:
 
 
 def _write(path: Path, pieces: Iterator[bytes]) -> None:
-    from ray_tfrecord.core.framing import RecordWriter
+    from ray_tfrecord._src.core.framing import RecordWriter
 
     with RecordWriter(open(path, "wb")) as w:
         for piece in pieces:
@@ -69,7 +69,7 @@ def _write(path: Path, pieces: Iterator[bytes]) -> None:
 
 
 def _index(paths: List[Path]) -> None:
-    from ray_tfrecord.core.index import build_index, write_index
+    from ray_tfrecord._src.core.index import build_index, write_index
 
     fs = pafs.LocalFileSystem()
     for p in paths:
@@ -80,8 +80,8 @@ def _measure(paths: str) -> dict:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord.io.datasource import TFRecordDatasource
-    from ray_tfrecord.io.planning import default_read_tasks
+    from ray_tfrecord._src.io.datasource import TFRecordDatasource
+    from ray_tfrecord._src.io.planning import default_read_tasks
 
     t0 = time.perf_counter()
     ray_tfrecord.read_tfrecords(paths)

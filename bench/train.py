@@ -101,7 +101,7 @@ def _preprocess(batch: pa.Table) -> pa.Table:
 def _spec_of(t: pa.DataType):
     import tensorflow as tf
 
-    from ray_tfrecord.tf.tensors import type_spec
+    from ray_tfrecord._src.tf.tensors import type_spec
 
     spec = type_spec(t)
     return tf.TensorSpec(spec.shape, spec.dtype) if isinstance(spec, tf.TensorSpec) else spec
@@ -116,7 +116,7 @@ def _feeds(config: dict, set_name: str) -> dict:
     import ray.train
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     dataset, features, label, impls = SETS[set_name]
     shard = ray.train.get_dataset_shard(set_name)
@@ -158,7 +158,7 @@ def _feeds(config: dict, set_name: str) -> dict:
         .with_options(options)
     )
     feeds[TF_DATA] = per_worker
-    from ray_tfrecord.tf.resume import ResumableFeed
+    from ray_tfrecord._src.tf.resume import ResumableFeed
 
     if RESUMABLE in impls:
         feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
@@ -237,7 +237,7 @@ def _loop(config: dict) -> None:
     import tensorflow as tf
     from ray.train.collective import barrier
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
@@ -325,7 +325,7 @@ def _repeated_plan(ctx, name: str, links: list[str], schema: pa.Schema):
     and their splits repeated under each link's name, not scanned once per link."""
     import dataclasses
 
-    from ray_tfrecord.io.splits import plan_splits
+    from ray_tfrecord._src.io.splits import plan_splits
 
     plan = plan_splits(ctx.files(name), schema=schema)
     by_file: dict[str, list] = {}
@@ -340,7 +340,7 @@ def run(ctx) -> list[dict]:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord.tf.train import tensorflow_trainer
+    from ray_tfrecord._src.tf.train import tensorflow_trainer
 
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -430,9 +430,9 @@ def _mixing(ctx) -> list[dict]:
     import tensorflow as tf
 
     import ray_tfrecord
-    from ray_tfrecord.io.order import mix_blocks
-    from ray_tfrecord.io.splits import plan_splits
-    from ray_tfrecord.tf.resume import ResumableFeed
+    from ray_tfrecord._src.io.order import mix_blocks
+    from ray_tfrecord._src.io.splits import plan_splits
+    from ray_tfrecord._src.tf.resume import ResumableFeed
 
     path = os.path.join(ctx.tmp, "by_label")
     ids = np.arange(MIX_ROWS)

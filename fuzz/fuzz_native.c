@@ -1,7 +1,7 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
  * inspect, encode, and the buffer pool they allocate from. They call the codec's Python-free units
- * (every .c file in ray_tfrecord/core/native/ but module.c) directly: no Python header, no libpython.
+ * (every .c file in ray_tfrecord/_src/core/native/ but module.c) directly: no Python header, no libpython.
  * Build one binary per target with -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh
  * does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with fuzz/driver.c it
  * replays a corpus and random mutations without libFuzzer.
@@ -18,13 +18,13 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "../ray_tfrecord/core/native/arrow.h"
+#include "../ray_tfrecord/_src/core/native/arrow.h"
 
-#include "../ray_tfrecord/core/native/crc32c.h"
-#include "../ray_tfrecord/core/native/decode.h"
-#include "../ray_tfrecord/core/native/encode.h"
-#include "../ray_tfrecord/core/native/inspect.h"
-#include "../ray_tfrecord/core/native/scan.h"
+#include "../ray_tfrecord/_src/core/native/crc32c.h"
+#include "../ray_tfrecord/_src/core/native/decode.h"
+#include "../ray_tfrecord/_src/core/native/encode.h"
+#include "../ray_tfrecord/_src/core/native/inspect.h"
+#include "../ray_tfrecord/_src/core/native/scan.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FUZZ_ASAN 1

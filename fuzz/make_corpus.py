@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core._contract import Kind, Shape
-from ray_tfrecord.core.framing import frame_records
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core._contract import Kind, Shape
+from ray_tfrecord._src.core.framing import frame_records
 
 BYTES, FLOAT, INT64, NULL = Kind.BYTES, Kind.FLOAT, Kind.INT64, Kind.NULL
 SCALAR, LIST, FIXED, SEQ = Shape.SCALAR, Shape.LIST, Shape.FIXED, Shape.SEQUENCE

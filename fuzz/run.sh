@@ -8,7 +8,7 @@
 # Toolchains, first that builds wins: clang + libFuzzer + ASan/UBSan; gcc (or cc) + ASan/UBSan with
 # fuzz/driver.c (corpus replay plus random mutations); cc without sanitizers (a warning). When clang
 # is missing and we are root with apt-get, it is installed first (FUZZ_INSTALL=0 to skip).
-# The targets link only the codec's Python-free units (ray_tfrecord/core/native/*.c but module.c): no Python
+# The targets link only the codec's Python-free units (ray_tfrecord/_src/core/native/*.c but module.c): no Python
 # is needed to build or run them (only `cov` uses it, to merge the per-target reports).
 # Variables: FUZZ_SECONDS (60; smoke: 5), FUZZ_TARGETS (all), FUZZ_PYTHON (.venv/bin/python, python3.11, python3),
 # FUZZ_OUT (fuzz/build), FUZZ_INSTALL (1).
@@ -21,7 +21,7 @@ SECONDS_PER=${FUZZ_SECONDS:-$([ "$MODE" = smoke ] && echo 5 || echo 60)}
 TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode pool}
 SRC="$ROOT/fuzz/fuzz_native.c"
 UNITS=()
-for f in "$ROOT"/ray_tfrecord/core/native/*.c; do [ "$(basename "$f")" = module.c ] || UNITS+=("$f"); done
+for f in "$ROOT"/ray_tfrecord/_src/core/native/*.c; do [ "$(basename "$f")" = module.c ] || UNITS+=("$f"); done
 
 say() { echo "fuzz: $*" >&2; }
 # A missing tool ends a smoke run successfully (CI must not fail for it), anything else with an error.
@@ -132,7 +132,7 @@ coverage() {
             >"$OUT/logs/cov-$t.log" 2>&1
         llvm-profdata merge -sparse "$OUT/profraw/$t.profraw" -o "$OUT/profraw/$t.profdata"
         llvm-cov export -format=lcov "$OUT/bin-coverage/$t" -instr-profile="$OUT/profraw/$t.profdata" \
-            "${UNITS[@]}" "$ROOT"/ray_tfrecord/core/native/*.h >"$OUT/profraw/$t.lcov"
+            "${UNITS[@]}" "$ROOT"/ray_tfrecord/_src/core/native/*.h >"$OUT/profraw/$t.lcov"
     done
     "$PY" "$ROOT/fuzz/lcov_union.py" "$OUT"/profraw/*.lcov
 }

@@ -9,13 +9,14 @@ Example::
     ray_tfrecord.write_tfrecords(ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
     assert ray_tfrecord.read_tfrecords("/tmp/words").count() == 10
 
-The format core (``ray_tfrecord.core``: ``codec``, ``framing``, ``schema``) needs only pyarrow and numpy; Ray and
-TensorFlow are imported when the names that need them are first used.
+The codec, framing and schema names need only pyarrow and numpy; Ray loads when a name that needs it is
+first used. The TensorFlow side (feeds, the resumable feed, the trainer, inference) is ``ray_tfrecord.tf``.
 """
 
+import warnings
 from importlib import import_module
 
-from .core.codec import (
+from ._src.core.codec import (
     BYTE_ARRAY_SCHEMA,
     Decoder,
     EncodedRecords,
@@ -26,31 +27,43 @@ from .core.codec import (
     decode_records,
     encode,
 )
-from .core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
-from .core.schema import infer_schema
+from ._src.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
+from ._src.core.framing import RecordWriter, iter_chunks, open_stream
+from ._src.core.schema import infer_schema
 
-# Ray and TensorFlow load only when a name that needs them is first used.
+# Ray loads only when a name that needs it is first used.
 _LAZY = {
-    "read_tfrecords": "io.datasource",
-    "TFRecordDatasource": "io.datasource",
-    "write_tfrecords": "io.datasink",
-    "TFRecordDatasink": "io.datasink",
-    "list_files": "io.listing",
-    "tf_dataset": "tf.feed",
-    "ImageTransform": "io.images", "ImageError": "io.images",
+    "read_tfrecords": "._src.io.datasource",
+    "TFRecordDatasource": "._src.io.datasource",
+    "write_tfrecords": "._src.io.datasink",
+    "TFRecordDatasink": "._src.io.datasink",
+    "list_files": "._src.io.listing",
+    "ImageTransform": "._src.io.images",
+    "ImageError": "._src.io.images",
+    # The resumable feed's columns and its transform's error: a transform running on a node without
+    # TensorFlow imports them from here.
+    "SEED_COLUMN": "._src.io.order",
+    "WEIGHT_COLUMN": "._src.io.transforms",
+    "TransformError": "._src.io.transforms",
 }
+
+# Names that moved to ray_tfrecord.tf; they keep working, with a warning, until 0.2.
+_MOVED = {"tf_dataset": "ray_tfrecord.tf"}
 
 __all__ = [
     "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "Encoder",
-    "NotTFRecordError",
-    "RecordType", "SchemaError", "TFRecordError", "check_encodable", "decode", "decode_records", "encode",
-    "infer_schema", *_LAZY,
+    "NotTFRecordError", "RecordType", "RecordWriter", "SchemaError", "TFRecordError", "check_encodable", "decode",
+    "decode_records", "encode", "infer_schema", "iter_chunks", "open_stream", *_LAZY,
 ]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
+    if name in _MOVED:
+        warnings.warn(f"ray_tfrecord.{name} moved: from {_MOVED[name]} import {name} (the old name goes in 0.2)",
+                      FutureWarning, stacklevel=2)
+        return getattr(import_module(_MOVED[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,12 +28,12 @@ import ray.cloudpickle
 from ray.data.context import DataContext
 
 from ray_tfrecord import read_tfrecords, write_tfrecords
-from ray_tfrecord.core.index import index_path
-from ray_tfrecord.core.layout import STAGING_DIR, SUCCESS_MARKER
-from ray_tfrecord.core.schema import read_stored_schema, stored_schema
-from ray_tfrecord.io import compat
-from ray_tfrecord.io.commit import Commit
-from ray_tfrecord.io.datasink import TFRecordDatasink
+from ray_tfrecord._src.core.index import index_path
+from ray_tfrecord._src.core.layout import STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
+from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io.commit import Commit
+from ray_tfrecord._src.io.datasink import TFRecordDatasink
 from tests.test_faults import assert_rows_exactly_once, id_table, reap_session, visible_files
 
 pytestmark = [

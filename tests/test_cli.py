@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from ray_tfrecord.cli import main
-from ray_tfrecord.core.index import RecordIndex, index_path
+from ray_tfrecord._src.cli import main
+from ray_tfrecord._src.core.index import RecordIndex, index_path
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,7 +84,7 @@ def test_inspect_prints_no_deprecation_warning(dataset):
     # A process of its own: Ray warns when a process creates its first Ray Data context.
     env = {**os.environ, "RAY_ADDRESS": "local"}
     run = subprocess.run(
-        [sys.executable, "-W", "default", "-m", "ray_tfrecord.cli", "inspect", str(dataset), "--num-cpus", "1"],
+        [sys.executable, "-W", "default", "-m", "ray_tfrecord._src.cli", "inspect", str(dataset), "--num-cpus", "1"],
         env=env, capture_output=True, text=True, timeout=240,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -97,7 +97,7 @@ def test_inspect_prints_no_deprecation_warning(dataset):
 
 
 def test_shorten_long_lists_in_shown_rows():
-    from ray_tfrecord.cli import _shorten
+    from ray_tfrecord._src.cli import _shorten
 
     assert _shorten(list(range(784))) == [0, 1, 2, 3, 4, 5, 6, 7, "... (784 values)"]
     assert _shorten([[1] * 9, [2]]) == [[1] * 8 + ["... (9 values)"], [2]]

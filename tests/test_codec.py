@@ -13,9 +13,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.errors import DecodeError, SchemaError, TFRecordError
-from ray_tfrecord.core.framing import RecordWriter, frame_records, iter_chunks
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.errors import DecodeError, SchemaError, TFRecordError
+from ray_tfrecord._src.core.framing import RecordWriter, frame_records, iter_chunks
 
 from . import reference as ref
 from .strategies import column_specs, f32, rows_for, same_floats
@@ -193,7 +193,7 @@ def test_tf_written_files_read_as_parse_example_sees_them(tmp_path, compression,
             w.write(p)
     import pyarrow.fs as pafs
 
-    from ray_tfrecord.core.framing import open_stream
+    from ray_tfrecord._src.core.framing import open_stream
     stream, found = open_stream(path, pafs.LocalFileSystem())
     assert found == (compression.lower() if compression else None)
     chunks = list(iter_chunks(stream, path=path, chunk_bytes=256))

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ray_tfrecord.core import _native
-from ray_tfrecord.core._contract import (
+from ray_tfrecord._src.core import _native
+from ray_tfrecord._src.core._contract import (
     DecodeSpec,
     EncodeColumn,
     EncodeSpec,
@@ -21,7 +21,7 @@ from ray_tfrecord.core._contract import (
     Status,
     is_malformed,
 )
-from ray_tfrecord.core.framing import frame_records, iter_chunks
+from ray_tfrecord._src.core.framing import frame_records, iter_chunks
 
 from .wire import entry, example, ints, ld
 
@@ -102,7 +102,7 @@ def test_encode_reads_its_columns_by_name():
 
 
 def test_frame_sizes_come_from_the_extension():
-    from ray_tfrecord.core import framing
+    from ray_tfrecord._src.core import framing
 
     assert _native.FRAME == {"LENGTH_BYTES": 8, "HEADER_BYTES": 12, "FOOTER_BYTES": 4}
     assert (framing.LENGTH_BYTES, framing.HEADER_BYTES, framing.FOOTER_BYTES) == (8, 12, 4)

@@ -16,10 +16,10 @@ from ray.data.datasource import FilenameProvider
 from ray.exceptions import UserCodeException
 
 from ray_tfrecord import SchemaError, TFRecordError, read_tfrecords, write_tfrecords
-from ray_tfrecord.core.index import RecordIndex, build_index, index_path, is_index_path
-from ray_tfrecord.io.compat import TaskContext
-from ray_tfrecord.io.datasink import TFRecordDatasink
-from ray_tfrecord.io.listing import list_files
+from ray_tfrecord._src.core.index import RecordIndex, build_index, index_path, is_index_path
+from ray_tfrecord._src.io.compat import TaskContext
+from ray_tfrecord._src.io.datasink import TFRecordDatasink
+from ray_tfrecord._src.io.listing import list_files
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -312,7 +312,7 @@ def test_inexact_float64_is_refused_with_the_fix_and_leaves_nothing(ray_local, t
 
 
 def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local, tmp_path):
-    from ray_tfrecord.core.layout import SCHEMA_FILE
+    from ray_tfrecord._src.core.layout import SCHEMA_FILE
 
     table = pa.table({
         "name": pa.array(["a", "b"], pa.string()),

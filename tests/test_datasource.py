@@ -20,9 +20,9 @@ from ray.data.context import DataContext
 from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 
 from ray_tfrecord import CorruptRecordError, NotTFRecordError, read_tfrecords
-from ray_tfrecord.core import sizes
-from ray_tfrecord.core.index import build_index, index_path, write_index
-from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.core import sizes
+from ray_tfrecord._src.core.index import build_index, index_path, write_index
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
 from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)

@@ -21,9 +21,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core import _decimal, codec
-from ray_tfrecord.core.errors import DecodeError, TFRecordError
-from ray_tfrecord.core.framing import RecordWriter, frame_records, iter_chunks
+from ray_tfrecord._src.core import _decimal, codec
+from ray_tfrecord._src.core.errors import DecodeError, TFRecordError
+from ray_tfrecord._src.core.framing import RecordWriter, frame_records, iter_chunks
 
 from . import reference as ref
 
@@ -314,7 +314,7 @@ def test_write_and_read_back_through_ray_with_the_recorded_schema(ray_local, tmp
 
 
 def test_cli_convert_names_the_flag(ray_local, tmp_path, capsys):
-    from ray_tfrecord.cli import main
+    from ray_tfrecord._src.cli import main
 
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"amount": pa.array([Decimal("0.10"), Decimal("1234567.89")], pa.decimal128(9, 2))}), src)

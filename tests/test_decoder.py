@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 import ray_tfrecord
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.errors import DecodeError, SchemaError
-from ray_tfrecord.core.framing import RecordChunk, iter_chunks
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.errors import DecodeError, SchemaError
+from ray_tfrecord._src.core.framing import RecordChunk, iter_chunks
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("s", pa.binary()), ("ids", pa.list_(pa.int64())),
                     ("e", pa.list_(pa.float32(), 3)), ("n", pa.list_(pa.null()))])
@@ -92,8 +92,8 @@ def test_release_callbacks_hand_buffers_back_to_the_pool():
     script = textwrap.dedent("""
         import io, resource, threading
         import pyarrow as pa
-        from ray_tfrecord.core import _native, codec
-        from ray_tfrecord.core.framing import iter_chunks
+        from ray_tfrecord._src.core import _native, codec
+        from ray_tfrecord._src.core.framing import iter_chunks
 
         rows = 400
         t = pa.table({"p": pa.FixedSizeListArray.from_arrays(pa.array(range(rows * 784), pa.int64()), 784)})
@@ -160,8 +160,8 @@ def test_buffers_dropped_on_a_thread_that_only_uses_batches_go_back_to_the_decod
         import io
         from concurrent.futures import ThreadPoolExecutor
         import pyarrow as pa
-        from ray_tfrecord.core import _native, codec
-        from ray_tfrecord.core.framing import iter_chunks
+        from ray_tfrecord._src.core import _native, codec
+        from ray_tfrecord._src.core.framing import iter_chunks
 
         t = pa.table({"s": pa.array([bytes([65 + k % 26]) * 100_000 for k in range(400)], pa.binary())})  # 40 MB
         (chunk,) = iter_chunks(io.BytesIO(bytes(codec.encode(t.to_batches()[0]).data)), path="m",
@@ -187,8 +187,8 @@ def test_a_forked_child_counts_only_the_buffers_it_holds():
     script = textwrap.dedent("""
         import io, os, threading
         import pyarrow as pa
-        from ray_tfrecord.core import _native, codec
-        from ray_tfrecord.core.framing import iter_chunks
+        from ray_tfrecord._src.core import _native, codec
+        from ray_tfrecord._src.core.framing import iter_chunks
 
         t = pa.table({"p": pa.FixedSizeListArray.from_arrays(pa.array([0] * 100 * 784, pa.int64()), 784)})
         (chunk,) = iter_chunks(io.BytesIO(bytes(codec.encode(t.to_batches()[0]).data)), path="m")

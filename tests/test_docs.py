@@ -6,8 +6,7 @@ defined. Paths under ``/tmp/`` are moved under the test's ``tmp_path``; nothing 
 The process starts its own local Ray (``RAY_ADDRESS=local``: never a cluster someone else started),
 sized by the machine (2 CPUs on the project's), and a timeout turns a hang into a failure.
 
-Pages are found, not listed: a new page under docs/ runs as soon as it exists (docs/_moved/ holds
-text waiting for a page and is not part of the site). CI time: a Ray Train example costs about a
+Pages are found, not listed: a new page under docs/ runs as soon as it exists. CI time: a Ray Train example costs about a
 minute, other pages seconds plus Ray's start-up. So a slow example is shared, not run twice:
 ``RUNS_AFTER`` runs a page as the continuation of another, in one process, and a block that repeats
 one of the other page's word for word runs once (the README's training example is the first block
@@ -30,20 +29,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 TRAIN_EXAMPLES = ROOT / "train_examples"
-# The namespaces user code may import from, or None while the modules still have their current public
-# paths (issue 30.2 switches this on: {"ray_tfrecord", "ray_tfrecord.tf"}). When set, every import in the
-# README, the docs and train_examples/ must name one of them and only names in its __all__.
-PUBLIC_NAMESPACES: set[str] | None = None
-# Pages other branches write (issue 30): until they are merged, the strict build test stands in a
-# one-line page for each one missing, in a copy of the docs, never in the tree. Empty once merged.
-PENDING_PAGES = ["resuming.md", "images.md", "restartable-batch-jobs.md", "scale.md"]
+# The namespaces user code may import from: every import in the README, the docs and train_examples/
+# names one of them and only names in its __all__ (ray_tfrecord._src is the private implementation).
+PUBLIC_NAMESPACES = {"ray_tfrecord", "ray_tfrecord.tf"}
 # page -> the page it continues: run as one script, blocks repeated verbatim run once.
 RUNS_AFTER = {"docs/training.md": "README.md"}
 
 
 def _pages() -> list[Path]:
-    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
-    return [p for p in pages if "_moved" not in p.relative_to(ROOT).parts]
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def _python_blocks(text: str) -> list[str]:
@@ -141,11 +135,10 @@ def test_user_code_imports_only_what_exists():
             continue
         if name is not None and not hasattr(mod, name) and not _is_module(f"{module}.{name}"):
             wrong.append(f"{where}: {module} has no {name}")
-        if PUBLIC_NAMESPACES is not None:
-            if module not in PUBLIC_NAMESPACES:
-                wrong.append(f"{where}: imports {module}, not one of {sorted(PUBLIC_NAMESPACES)}")
-            elif name is not None and name not in getattr(mod, "__all__", ()):
-                wrong.append(f"{where}: {module}.{name} is not in {module}.__all__")
+        if module not in PUBLIC_NAMESPACES:
+            wrong.append(f"{where}: imports {module}, not one of {sorted(PUBLIC_NAMESPACES)}")
+        elif name is not None and name not in getattr(mod, "__all__", ()):
+            wrong.append(f"{where}: {module}.{name} is not in {module}.__all__")
     assert not wrong, "\n".join(wrong)
 
 
@@ -162,9 +155,6 @@ def test_the_site_builds_strict(tmp_path):
     for name in ("mkdocs.yml", "ARCHITECTURE.md", "CHANGELOG.md"):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(DOCS, tmp_path / "docs")
-    for page in PENDING_PAGES:
-        if not (tmp_path / "docs" / page).exists():
-            (tmp_path / "docs" / page).write_text(f"# {page}\n\nWritten on another branch.\n")
     build = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=tmp_path, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=300,
@@ -180,10 +170,9 @@ def test_the_site_builds_strict(tmp_path):
 
 def test_the_readme_links_resolve():
     """The README is not part of the site, so mkdocs does not check its links: every relative one
-    names a file of the repository (the pending pages excepted until their branches are merged)."""
+    names a file of the repository."""
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
     local = [link for link in links if "://" not in link]
     assert "docs/index.md" in local and "docs/img/bench.png" in local
-    missing = [link for link in local if not (ROOT / link).exists()
-               and not (link.startswith("docs/") and link[len("docs/"):] in PENDING_PAGES)]
+    missing = [link for link in local if not (ROOT / link).exists()]
     assert not missing, missing

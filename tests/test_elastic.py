@@ -15,7 +15,7 @@ import pytest
 import ray
 import tensorflow as tf
 
-from ray_tfrecord.io import compat
+from ray_tfrecord._src.io import compat
 from ray_tfrecord.tf import ResumableFeed, tensorflow_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

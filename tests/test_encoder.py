@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 import ray_tfrecord
-from ray_tfrecord.core import _native, codec
-from ray_tfrecord.core._columns import Narrowing, encode_column
-from ray_tfrecord.core._contract import RecordTypeCode
-from ray_tfrecord.core.errors import TFRecordError
-from ray_tfrecord.core.framing import iter_chunks
-from ray_tfrecord.core.types import column_spec
+from ray_tfrecord._src.core import _native, codec
+from ray_tfrecord._src.core._columns import Narrowing, encode_column
+from ray_tfrecord._src.core._contract import RecordTypeCode
+from ray_tfrecord._src.core.errors import TFRecordError
+from ray_tfrecord._src.core.framing import iter_chunks
+from ray_tfrecord._src.core.types import column_spec
 
 from . import reference as ref
 

@@ -31,10 +31,10 @@ from ray.data.context import DataContext
 from ray.data.datasource import ReadTask
 
 from ray_tfrecord import encode, read_tfrecords, write_tfrecords
-from ray_tfrecord.core.framing import RecordWriter
-from ray_tfrecord.core.index import index_path
-from ray_tfrecord.io.datasink import TFRecordDatasink
-from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.core.framing import RecordWriter
+from ray_tfrecord._src.core.index import index_path
+from ray_tfrecord._src.io.datasink import TFRecordDatasink
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
 # Workers cannot import this module (tests/ is not installed); ship its functions by value.

@@ -13,9 +13,9 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core.errors import SchemaError
-from ray_tfrecord.tf.feed import tf_dataset
-from ray_tfrecord.tf.tensors import tensors_from_arrow, type_spec
+from ray_tfrecord._src.core.errors import SchemaError
+from ray_tfrecord._src.tf.feed import tf_dataset
+from ray_tfrecord._src.tf.tensors import tensors_from_arrow, type_spec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -646,8 +646,8 @@ def test_nulls_inside_fixed_size_rows_are_not_offered_defaults():
 )
 def test_serialized_records_decode_as_the_reader_does(rows, start):
     """Records sliced anywhere (zero-copy or copied path) decode to what codec.decode gives."""
-    from ray_tfrecord.core import codec
-    from ray_tfrecord.tf.feed import _Decoding
+    from ray_tfrecord._src.core import codec
+    from ray_tfrecord._src.tf.feed import _Decoding
 
     schema = pa.schema([("n", pa.int64()), ("px", pa.list_(pa.int64()))])
     table = pa.table([pa.array([n for n, _ in rows], pa.int64()), pa.array([p for _, p in rows])], schema=schema)

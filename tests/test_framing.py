@@ -15,10 +15,10 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core import _native
-from ray_tfrecord.core._contract import Status
-from ray_tfrecord.core.errors import CorruptRecordError
-from ray_tfrecord.core.framing import (
+from ray_tfrecord._src.core import _native
+from ray_tfrecord._src.core._contract import Status
+from ray_tfrecord._src.core.errors import CorruptRecordError
+from ray_tfrecord._src.core.framing import (
     CorruptionReport,
     RecordWriter,
     detect_compression,

@@ -15,16 +15,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ray_tfrecord.core import _native, codec
-from ray_tfrecord.core._contract import EncodeColumn, Kind, RecordTypeCode, Shape
-from ray_tfrecord.core.framing import frame_records, iter_chunks
-from ray_tfrecord.core.schema import infer_schema
+from ray_tfrecord._src.core import _native, codec
+from ray_tfrecord._src.core._contract import EncodeColumn, Kind, RecordTypeCode, Shape
+from ray_tfrecord._src.core.framing import frame_records, iter_chunks
+from ray_tfrecord._src.core.schema import infer_schema
 
 
 def native_in_subprocess(code: str) -> subprocess.CompletedProcess:
     """Run code against _native in a fresh interpreter, so a regression crashes it, not pytest."""
-    preamble = ("from ray_tfrecord.core import _native\n"
-                "from ray_tfrecord.core._contract import EncodeColumn, Kind, RecordTypeCode, Shape\n")
+    preamble = ("from ray_tfrecord._src.core import _native\n"
+                "from ray_tfrecord._src.core._contract import EncodeColumn, Kind, RecordTypeCode, Shape\n")
     return subprocess.run([sys.executable, "-c", preamble + textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=60)
 

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from ray.data.datasource import Partitioning
 
 from ray_tfrecord import TFRecordError, read_tfrecords, write_tfrecords
-from ray_tfrecord.core.index import index_path
-from ray_tfrecord.core.schema import read_stored_schema
-from ray_tfrecord.io.globs import is_glob, parse_glob
-from ray_tfrecord.io.listing import list_files
+from ray_tfrecord._src.core.index import index_path
+from ray_tfrecord._src.core.schema import read_stored_schema
+from ray_tfrecord._src.io.globs import is_glob, parse_glob
+from ray_tfrecord._src.io.listing import list_files
 from tests.filesystems import DelegatingHandler
 from tests.test_s3 import BUCKET, s3  # noqa: F401 (the moto S3 fixture)
 
@@ -410,13 +410,13 @@ def test_a_relative_glob_finds_the_recorded_schema_in_the_current_directory(ray_
 
 def test_cli_takes_a_quoted_glob(tf_written, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": "local"}
-    command = f"{sys.executable} -m ray_tfrecord.cli --num-cpus 1 inspect '{tf_written}/day=[13]/part-*' --rows 1"
+    command = f"{sys.executable} -m ray_tfrecord._src.cli --num-cpus 1 inspect '{tf_written}/day=[13]/part-*' --rows 1"
     run = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "files: 3 " in run.stdout
     assert "day: int64 (2 values: 1, 3)" in run.stdout
     assert "records: 30" in run.stdout
-    bad = subprocess.run(f"{sys.executable} -m ray_tfrecord.cli verify '{tf_written}/day=*/part-*.tfrecrod'",
+    bad = subprocess.run(f"{sys.executable} -m ray_tfrecord._src.cli verify '{tf_written}/day=*/part-*.tfrecrod'",
                          shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (f"ray-tfrecord verify: {tf_written}/day=*/part-*.tfrecrod: no file matches this "

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.errors import CorruptRecordError, DecodeError, SchemaError
-from ray_tfrecord.core.framing import CorruptionReport, frame_records, iter_chunks, masked_crc32c, open_stream
-from ray_tfrecord.core.schema import infer_schema
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.errors import CorruptRecordError, DecodeError, SchemaError
+from ray_tfrecord._src.core.framing import CorruptionReport, frame_records, iter_chunks, masked_crc32c, open_stream
+from ray_tfrecord._src.core.schema import infer_schema
 
 from .wire import entry, example, ints, ld, varint
 
@@ -293,8 +293,8 @@ def test_compressed_stream_holding_a_truncated_record(tmp_path):
 PEAK_RSS = textwrap.dedent("""
     import json, sys
     import pyarrow.fs as pafs
-    from ray_tfrecord.core.errors import CorruptRecordError
-    from ray_tfrecord.core.framing import iter_chunks, open_stream
+    from ray_tfrecord._src.core.errors import CorruptRecordError
+    from ray_tfrecord._src.core.framing import iter_chunks, open_stream
 
     def status_kib(field):
         with open("/proc/self/status") as f:

@@ -17,8 +17,8 @@ cv2 = pytest.importorskip("cv2")
 simplejpeg = pytest.importorskip("simplejpeg")
 
 from ray_tfrecord import ImageError, ImageTransform  # noqa: E402
-from ray_tfrecord.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
-from ray_tfrecord.io.order import SEED_COLUMN  # noqa: E402
+from ray_tfrecord._src.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
+from ray_tfrecord._src.io.order import SEED_COLUMN  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train_examples"))
 from imagenet_like import image_table, write_image_set  # noqa: E402
@@ -325,12 +325,12 @@ def test_image_set_is_imagenet_like():
 
 
 def test_tf_dataset_takes_the_tensor_column_as_one_dense_uint8_batch(ray_local, tmp_path):
-    import ray_tfrecord
+    import ray_tfrecord.tf
 
     write_image_set(str(tmp_path), 10, files=2, seed=7)
     ds = ray_tfrecord.read_tfrecords(str(tmp_path)).map_batches(
         ImageTransform((24, 32), training=False), batch_format="pyarrow")
-    feed = ray_tfrecord.tf_dataset(ds, features=["image"], label="image/class/label", batch_size=10)
+    feed = ray_tfrecord.tf.tf_dataset(ds, feature_columns=["image"], label_columns="image/class/label", batch_size=10)
     (features, label), = feed.take(1)
     assert features["image"].dtype.name == "uint8" and tuple(features["image"].shape) == (10, 24, 32, 3)
     assert features["image"].numpy().mean() > 20
@@ -338,8 +338,8 @@ def test_tf_dataset_takes_the_tensor_column_as_one_dense_uint8_batch(ray_local, 
 
 
 def test_the_resumable_feed_augments_a_resumed_epoch_bit_for_bit_as_an_uninterrupted_one(ray_local, tmp_path):
-    from ray_tfrecord.io.splits import plan_splits
-    from ray_tfrecord.tf.resume import ResumableFeed
+    from ray_tfrecord._src.io.splits import plan_splits
+    from ray_tfrecord._src.tf.resume import ResumableFeed
 
     write_image_set(str(tmp_path / "set"), 40, files=4, seed=8)
     plan = plan_splits(str(tmp_path / "set"), schema=image_table(1).select([COLUMN, "image/filename", LABEL]).schema,
@@ -398,7 +398,7 @@ def test_the_example_trains_past_chance_and_reports_its_rate(tmp_path):
 def test_fixed_shape_tensor_columns_become_dense_tensors_ray_s_and_arrow_s():
     from ray.data.extensions import ArrowTensorArray
 
-    from ray_tfrecord.tf.tensors import tensors_from_arrow, type_spec
+    from ray_tfrecord._src.tf.tensors import tensors_from_arrow, type_spec
 
     images = np.arange(4 * 2 * 3 * 3, dtype=np.uint8).reshape(4, 2, 3, 3)
     for column in (ArrowTensorArray.from_numpy(images), pa.FixedShapeTensorArray.from_numpy_ndarray(images)):

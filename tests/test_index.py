@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ray_tfrecord import CorruptRecordError
-from ray_tfrecord.core.framing import RecordWriter, frame_records, iter_chunks
-from ray_tfrecord.core.index import (
+from ray_tfrecord._src.core.framing import RecordWriter, frame_records, iter_chunks
+from ray_tfrecord._src.core.index import (
     IndexBuilder,
     IndexFormatError,
     RecordIndex,

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 import ray_tfrecord
-from ray_tfrecord.tf.inference import inference, predict
+from ray_tfrecord._src.tf.inference import inference, predict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -193,7 +193,7 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
 
 
 def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
-    from ray_tfrecord.tf.inference import _keras_generation
+    from ray_tfrecord._src.tf.inference import _keras_generation
 
     _dense_model().save(tmp_path / "tf_keras.keras")
     _keras3_dense_model().save(tmp_path / "keras3.keras")

@@ -31,9 +31,9 @@ EXCLUDE_PACKAGE_COPY = json.dumps({"excludes": ["ray_tfrecord"]})
 PROBE = """
 import glob, json, os, ray
 def where():
-    import ray_tfrecord, ray_tfrecord.core._native as native
+    import ray_tfrecord, ray_tfrecord._src.core._native as native
     package = os.path.dirname(ray_tfrecord.__file__)
-    has_native = bool(glob.glob(package + "/core/_native*.so"))
+    has_native = bool(glob.glob(package + "/_src/core/_native*.so"))
     return {"package": package, "native": native.__file__, "package_has_native": has_native}
 ray.init()
 print("PROBE " + json.dumps({"driver": where(), "worker": ray.get(ray.remote(where).remote())}))
@@ -155,18 +155,18 @@ def test_excludes_keeps_the_installed_package_in_use(head):
     The upload honours .gitignore, which drops ``*.so``, and puts the copy first on the path of
     the driver and every worker: without the exclude, the job imports the uploaded sources, beside
     no compiled codec, and fails at ``import ray_tfrecord`` (the compiled codec lives in
-    ``ray_tfrecord/core/``, below where an editable install's finder still looks).
+    ``ray_tfrecord/_src/core/``, below where an editable install's finder still looks).
     """
     shadowed = _submit(head, None, "python", "-c", PROBE, timeout=180)
     output = shadowed.stdout + shadowed.stderr
     assert shadowed.returncode != 0, output[-3000:]
-    assert re.search(r"working_dir_files/\S+/ray_tfrecord/core/codec\.py", output), output[-3000:]
-    assert "cannot import name '_native' from 'ray_tfrecord.core'" in output, output[-3000:]
+    assert re.search(r"working_dir_files/\S+/ray_tfrecord/_src/core/codec\.py", output), output[-3000:]
+    assert "cannot import name '_native' from 'ray_tfrecord._src.core'" in output, output[-3000:]
     installed = _probe(_submit(head, EXCLUDE_PACKAGE_COPY, "python", "-c", PROBE, timeout=180))
     for side in ("driver", "worker"):
         assert installed[side]["package"] == str(REPO / "ray_tfrecord")
         assert installed[side]["package_has_native"]
-        assert os.path.dirname(installed[side]["native"]) == os.path.join(installed[side]["package"], "core")
+        assert os.path.dirname(installed[side]["native"]) == os.path.join(installed[side]["package"], "_src", "core")
 
 
 def test_digits_demo_runs_as_a_job(head):

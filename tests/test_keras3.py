@@ -15,10 +15,10 @@ import pytest
 import ray
 import tensorflow as tf
 
-from ray_tfrecord.io import compat
-from ray_tfrecord.tf.feed import tf_dataset
-from ray_tfrecord.tf.inference import predict
-from ray_tfrecord.tf.train import KerasVersionError, _check_worker_keras, tensorflow_trainer
+from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.tf.feed import tf_dataset
+from ray_tfrecord._src.tf.inference import predict
+from ray_tfrecord._src.tf.train import KerasVersionError, _check_worker_keras, tensorflow_trainer
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -59,7 +59,7 @@ _MIRRORED = """
 import numpy as np, pyarrow as pa, ray, tensorflow as tf, keras
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from ray_tfrecord.tf.feed import tf_dataset
+from ray_tfrecord._src.tf.feed import tf_dataset
 from tests.test_keras3 import _model, _table, ROWS, BATCH
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -94,7 +94,7 @@ def _custom_loop(config):
     import keras
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     keras.utils.set_random_seed(0)
@@ -194,7 +194,7 @@ def test_check_names_the_fix_for_each_mismatch(monkeypatch):
 
 def test_the_trainer_imports_without_tf_keras():
     # A worker without tf_keras unpickles the checked training function, so it can raise KerasVersionError.
-    code = "import sys; sys.modules['tf_keras'] = None; import ray_tfrecord.tf.train"
+    code = "import sys; sys.modules['tf_keras'] = None; import ray_tfrecord._src.tf.train"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root},
                          capture_output=True, text=True, timeout=120)

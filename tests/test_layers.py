@@ -1,9 +1,12 @@
 """The package's layers, checked from its source: each layer imports only the layers below it, no
 module reaches into another module's private names, and no module grows past 500 lines.
 
-Layers, lowest first: ``ray_tfrecord.core`` (numpy and pyarrow only), ``ray_tfrecord.io`` (adds
-Ray Data), ``ray_tfrecord.tf`` (adds TensorFlow and Ray Train), then the front ends
-(``ray_tfrecord/__init__.py``, ``ray_tfrecord.cli``).
+Layers, lowest first: ``ray_tfrecord._src.core`` (numpy and pyarrow only), ``ray_tfrecord._src.io`` (adds
+Ray Data), ``ray_tfrecord._src.tf`` (adds TensorFlow and Ray Train), then the front ends: the two public
+namespaces (``ray_tfrecord/__init__.py``, ``ray_tfrecord/tf/__init__.py``) and ``ray_tfrecord._src.cli``.
+``_src`` marks the implementation as private to the package: the rules below read a module's name
+without it, so ``_src``'s modules follow the same private-name rules as before, and the public
+namespaces may import them.
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _inside(module: str) -> list[str]:
+    """The module's name inside the package, with the implementation root ``_src`` left out."""
+    parts = module.split(".")[1:]
+    return parts[1:] if parts[:1] == ["_src"] else parts
+
+
 def _layer(module: str) -> int:
-    parts = module.split(".")
-    return LAYERS.get(parts[1], FRONT) if len(parts) > 1 else FRONT
+    if module.split(".")[1:2] != ["_src"]:
+        return FRONT  # the public namespaces
+    parts = _inside(module)
+    return LAYERS.get(parts[0], FRONT) if parts else FRONT
 
 
 def _package_of(module: str, is_package: bool) -> str:
@@ -59,7 +70,7 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         if target.split(".")[0] == "ray_tfrecord":
             if _layer(target) > layer and layer != FRONT:
                 found.append(f"{module}:{lineno} imports {target} from a higher layer")
-            private = [p for p in target.split(".")[1:] if _is_private(p)]
+            private = [p for p in _inside(target) if _is_private(p)]
             # A private module may be imported by its own package's modules only.
             if private and target.rpartition(".")[0] != package:
                 found.append(f"{module}:{lineno} imports the private module {target}")
@@ -96,8 +107,11 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
-def test_the_package_has_its_three_layers():
-    assert {p.parent.name for p in SOURCES if p.parent != PACKAGE} == set(LAYERS)
+def test_the_package_has_its_three_layers_behind_two_namespaces():
+    implementation = PACKAGE / "_src"
+    assert {p.parent.name for p in SOURCES if p.parent.parent == implementation} == set(LAYERS)
+    assert {p.relative_to(PACKAGE).as_posix() for p in SOURCES if implementation not in p.parents} == {
+        "__init__.py", "tf/__init__.py"}
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -111,14 +125,14 @@ def test_module_is_at_most_500_lines(path):
 
 
 @pytest.mark.parametrize("source, module, expected", [
-    ("from ray_tfrecord.tf.feed import tf_dataset", "ray_tfrecord.io.datasource", "from a higher layer"),
-    ("from ..tf import feed", "ray_tfrecord.io.datasink", "from a higher layer"),
-    ("import tensorflow as tf", "ray_tfrecord.core.codec", "imports tensorflow"),
-    ("import ray", "ray_tfrecord.core.codec", "imports ray"),
-    ("from .codec import _leaf", "ray_tfrecord.core.schema", "private name ray_tfrecord.core.codec._leaf"),
-    ("from ray_tfrecord.core import _native", "ray_tfrecord.tf.feed", "private name ray_tfrecord.core._native"),
-    ("from ray_tfrecord.io._compat import x", "ray_tfrecord.cli", "private module ray_tfrecord.io._compat"),
-    ("from ray_tfrecord.core import codec\ncodec._leaf(1)", "ray_tfrecord.tf.feed", "private name ray_tfrecord.core.codec._leaf"),
+    ("from ray_tfrecord._src.tf.feed import tf_dataset", "ray_tfrecord._src.io.datasource", "from a higher layer"),
+    ("from ..tf import feed", "ray_tfrecord._src.io.datasink", "from a higher layer"),
+    ("import tensorflow as tf", "ray_tfrecord._src.core.codec", "imports tensorflow"),
+    ("import ray", "ray_tfrecord._src.core.codec", "imports ray"),
+    ("from .codec import _leaf", "ray_tfrecord._src.core.schema", "private name ray_tfrecord._src.core.codec._leaf"),
+    ("from ray_tfrecord._src.core import _native", "ray_tfrecord._src.tf.feed", "private name ray_tfrecord._src.core._native"),
+    ("from ray_tfrecord._src.io._compat import x", "ray_tfrecord._src.cli", "private module ray_tfrecord._src.io._compat"),
+    ("from ray_tfrecord._src.core import codec\ncodec._leaf(1)", "ray_tfrecord._src.tf.feed", "private name ray_tfrecord._src.core.codec._leaf"),
 ])
 def test_the_checker_catches_each_kind_of_breach(source, module, expected):
     (found,) = violations(textwrap.dedent(source), module)
@@ -126,11 +140,12 @@ def test_the_checker_catches_each_kind_of_breach(source, module, expected):
 
 
 @pytest.mark.parametrize("source, module", [
-    ("from . import _native\nfrom ._contract import Kind", "ray_tfrecord.core.codec"),
-    ("from ray_tfrecord.core.codec import decode", "ray_tfrecord.tf.feed"),
-    ("from . import _compat\n_compat.from_task(1)", "ray_tfrecord.io.datasource"),
-    ("import tensorflow as tf", "ray_tfrecord.tf.feed"),
-    ("from .tf.feed import tf_dataset", "ray_tfrecord"),
+    ("from . import _native\nfrom ._contract import Kind", "ray_tfrecord._src.core.codec"),
+    ("from ray_tfrecord._src.core.codec import decode", "ray_tfrecord._src.tf.feed"),
+    ("from . import _compat\n_compat.from_task(1)", "ray_tfrecord._src.io.datasource"),
+    ("import tensorflow as tf", "ray_tfrecord._src.tf.feed"),
+    ("from ._src.tf.feed import tf_dataset", "ray_tfrecord"),
+    ("from .._src.tf.resume import ResumableFeed", "ray_tfrecord.tf"),
 ])
 def test_the_checker_allows_what_the_layers_allow(source, module):
-    assert violations(textwrap.dedent(source), module, module == "ray_tfrecord") == []
+    assert violations(textwrap.dedent(source), module, module in ("ray_tfrecord", "ray_tfrecord.tf")) == []

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ray_tfrecord.core import options
+from ray_tfrecord._src.core import options
 
 
 @pytest.mark.parametrize("value", options.RECORD_TYPES)

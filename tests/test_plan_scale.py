@@ -13,10 +13,10 @@ import ray
 import tensorflow as tf
 
 import ray_tfrecord
-from ray_tfrecord.core.errors import CorruptRecordError
-from ray_tfrecord.core.index import FINGERPRINT_BYTES, index_candidates
-from ray_tfrecord.io import indexing
-from ray_tfrecord.io.stored import BY_REFERENCE_ITEMS, StoredTuple
+from ray_tfrecord._src.core.errors import CorruptRecordError
+from ray_tfrecord._src.core.index import FINGERPRINT_BYTES, index_candidates
+from ray_tfrecord._src.io import indexing
+from ray_tfrecord._src.io.stored import BY_REFERENCE_ITEMS, StoredTuple
 from ray_tfrecord.tf import plan_splits
 
 pytestmark = pytest.mark.timeout(300)

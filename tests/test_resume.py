@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ray_tfrecord
-from ray_tfrecord.core.index import build_index, write_index
-from ray_tfrecord.io import indexing
-from ray_tfrecord.io.order import Position, assign, epoch_pieces
-from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.resume import SEED_COLUMN, ResumableFeed
+from ray_tfrecord._src.core.index import build_index, write_index
+from ray_tfrecord._src.io import indexing
+from ray_tfrecord._src.io.order import Position, assign, epoch_pieces
+from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.tf.resume import SEED_COLUMN, ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -335,7 +335,7 @@ def _keras_loop(config):
     """One ``fit`` for the whole run, restarts included; a row's epoch is the feed's at its step."""
     import ray.train
 
-    from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
+    from ray_tfrecord._src.tf.checkpoint import ReportCheckpoint, restore
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
@@ -370,7 +370,7 @@ def _keras_loop(config):
 
 
 def _train(loop, config, tmp_path, workers: int, max_failures: int):
-    from ray_tfrecord.tf.train import tensorflow_trainer
+    from ray_tfrecord._src.tf.train import tensorflow_trainer
 
     return tensorflow_trainer(loop, datasets={}, num_workers=workers, cpus_per_worker=0.5, train_loop_config=config,
                               storage_path=str(tmp_path / "runs"), name="resume", max_failures=max_failures).fit()
@@ -445,8 +445,8 @@ from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
-from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.train import WORKER_ENV_VARS
+from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.tf.train import WORKER_ENV_VARS
 from tests.test_resume import SCHEMA, _custom_loop
 
 tmp = sys.argv[1]

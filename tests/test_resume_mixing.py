@@ -9,9 +9,9 @@ import pytest
 import ray
 
 import ray_tfrecord
-from ray_tfrecord.io.order import mix_blocks, row_seeds
-from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.resume import ResumableFeed
+from ray_tfrecord._src.io.order import mix_blocks, row_seeds
+from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.tf.resume import ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ray_tfrecord.io.splits import plan_splits
-from ray_tfrecord.tf.resume import SEED_COLUMN, WEIGHT_COLUMN, ResumableFeed, TransformError
+from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.tf.resume import SEED_COLUMN, WEIGHT_COLUMN, ResumableFeed, TransformError
 from tests.test_resume import ROWS, SCHEMA, _write_tf
 
 pytestmark = pytest.mark.timeout(300)

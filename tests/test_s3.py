@@ -14,10 +14,10 @@ import ray
 from ray.data.datasource.partitioning import PathPartitionFilter
 
 from ray_tfrecord import read_tfrecords, write_tfrecords
-from ray_tfrecord.core import sizes
-from ray_tfrecord.core.framing import RecordWriter, frame_records
-from ray_tfrecord.core.index import build_index, index_path, is_index_path, write_index
-from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.core import sizes
+from ray_tfrecord._src.core.framing import RecordWriter, frame_records
+from ray_tfrecord._src.core.index import build_index, index_path, is_index_path, write_index
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET = "tfr"

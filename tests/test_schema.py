@@ -10,10 +10,10 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.errors import SchemaError
-from ray_tfrecord.core.framing import frame_records, iter_chunks
-from ray_tfrecord.core.schema import infer_schema, merge_recorded, stored_schema
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.errors import SchemaError
+from ray_tfrecord._src.core.framing import frame_records, iter_chunks
+from ray_tfrecord._src.core.schema import infer_schema, merge_recorded, stored_schema
 
 from . import reference as ref
 from .strategies import column_specs, rows_for, same_floats

@@ -57,12 +57,12 @@ def test_one_import_gives_the_training_api_and_loads_it_lazily():
     code = """
 import sys
 import ray_tfrecord.tf as rt
-heavy = [m for m in ("ray.train", "tf_keras", "ray_tfrecord.tf.train", "ray_tfrecord.tf.checkpoint")
+heavy = [m for m in ("ray.train", "tf_keras", "ray_tfrecord._src.tf.train", "ray_tfrecord._src.tf.checkpoint")
          if m in sys.modules]
 from ray_tfrecord.tf import (KerasVersionError, ReportCheckpoint, ResumableFeed, SplitPlan, inference, plan_splits,
                              predict, restore, tensorflow_trainer, tf_dataset)
-from ray_tfrecord.io.splits import plan_splits as home
-from ray_tfrecord.tf.train import KerasVersionError as home_error
+from ray_tfrecord._src.io.splits import plan_splits as home
+from ray_tfrecord._src.tf.train import KerasVersionError as home_error
 assert plan_splits is home and KerasVersionError is home_error
 assert sorted(rt.__all__) == sorted(["KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference",
                                      "plan_splits", "predict", "restore", "tensorflow_trainer", "tf_dataset"])

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 import ray_tfrecord
-from ray_tfrecord.tf.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord._src.tf.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -75,7 +75,7 @@ def _step_counter(tf, counts: list[int]):
 def _equal_steps_loop(config):
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     rank, strategy, model, shard = _worker_setup(tf)
     feed = tf_dataset(shard, feature_columns=["x", "tokens"], label_columns="y", batch_size=config["batch_size"])
@@ -126,7 +126,7 @@ def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
 def _per_replica_loop(config):
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     rank, strategy, model, shard = _worker_setup(tf)
     steps = config["steps"]
@@ -185,7 +185,7 @@ def test_per_replica_feed_reads_each_row_once_an_epoch(ray_local, tmp_path):
 def _resumable_loop(config):
     import tensorflow as tf
 
-    from ray_tfrecord.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.feed import tf_dataset
 
     rank = ray.train.get_context().get_world_rank()
     log_dir = config["log_dir"]

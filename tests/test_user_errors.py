@@ -19,11 +19,11 @@ import tensorflow as tf
 from ray.exceptions import RayTaskError
 
 import ray_tfrecord
-from ray_tfrecord.cli import _in_cli_terms, _parser, main
-from ray_tfrecord.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
-from ray_tfrecord.core.framing import frame_records
-from ray_tfrecord.io import compat
-from ray_tfrecord.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.cli import _in_cli_terms, _parser, main
+from ray_tfrecord._src.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
+from ray_tfrecord._src.core.framing import frame_records
+from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -274,7 +274,7 @@ def test_cli_shows_progress_and_no_tensorflow_banners(tmp_path):
     path = str(tmp_path / "one.tfrecord")
     open(path, "wb").write(frame_records([example(a=1)]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    result = subprocess.run([sys.executable, "-m", "ray_tfrecord.cli", "inspect", path, "--num-cpus", "1"],
+    result = subprocess.run([sys.executable, "-m", "ray_tfrecord._src.cli", "inspect", path, "--num-cpus", "1"],
                             capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert "records: 1" in result.stdout

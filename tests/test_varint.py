@@ -13,8 +13,8 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_tfrecord.core import codec
-from ray_tfrecord.core.framing import frame_records, iter_chunks
+from ray_tfrecord._src.core import codec
+from ray_tfrecord._src.core.framing import frame_records, iter_chunks
 
 from . import reference as ref
 

@@ -43,8 +43,7 @@ from sklearn.model_selection import train_test_split
 _quiet_tf.install()
 
 import ray_tfrecord
-from ray_tfrecord.tf import inference
-from ray_tfrecord.tf import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord.tf import MODEL_FILE, ReportCheckpoint, inference, restore, tensorflow_trainer
 
 PIXELS = 64
 CLASSES = 10

@@ -39,8 +39,7 @@ import pyarrow as pa
 
 import ray_tfrecord
 from ray_tfrecord import ImageTransform
-from ray_tfrecord.tf import plan_splits
-from ray_tfrecord.tf import ResumableFeed
+from ray_tfrecord.tf import ResumableFeed, plan_splits, tf_dataset
 
 LABEL = "image/class/label"
 # The columns the feed reads: the JPEG bytes and the label.
@@ -118,8 +117,8 @@ def main() -> None:
 
     val = ray_tfrecord.read_tfrecords(val_dir, columns=["image/encoded", LABEL]).map_batches(
         ImageTransform(args.size, training=False), batch_format="pyarrow")
-    val_feed = ray_tfrecord.tf_dataset(val, features="image", label=LABEL, batch_size=args.batch_size,
-                                       drop_remainder=False).map(lambda image, label: (image, _from_one(label)))
+    val_feed = tf_dataset(val, feature_columns="image", label_columns=LABEL, batch_size=args.batch_size,
+                                       drop_last=False).map(lambda image, label: (image, _from_one(label)))
     _, accuracy = model.evaluate(val_feed, steps=-(-val_images // args.batch_size), verbose=0)
     print(f"validation accuracy: {accuracy:.4f}; training fed {images_per_s:,.0f} images/s "
           f"(decode, crop, flip and resize in Ray Data); done in {time.monotonic() - started:.0f}s")

@@ -21,47 +21,42 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-try:
-    import tensorflow  # noqa: F401
-except ModuleNotFoundError as error:
-    if error.name != "tensorflow":
-        raise
-    raise ImportError(
-        "ray_tfrecord.tf needs TensorFlow, which is not installed: pip install 'ray_tfrecord[tf]'"
-    ) from error
+# TensorFlow, imported plainly; without it an ImportError names the tf extra.
+import ray_tfrecord._src.tf  # noqa: F401
 
 if TYPE_CHECKING:
-    from ray_tfrecord.io.splits import SplitPlan, plan_splits
-    from ray_tfrecord.tf.checkpoint import ReportCheckpoint, restore
-    from ray_tfrecord.tf.feed import tf_dataset
-    from ray_tfrecord.tf.inference import inference, predict
-    from ray_tfrecord.tf.resume import ResumableFeed
-    from ray_tfrecord.tf.train import KerasVersionError, tensorflow_trainer
+    from ray_tfrecord._src.io.splits import SplitPlan, plan_splits
+    from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
+    from ray_tfrecord._src.tf.feed import tf_dataset
+    from ray_tfrecord._src.tf.inference import inference, predict
+    from ray_tfrecord._src.tf.resume import ResumableFeed
+    from ray_tfrecord._src.tf.train import KerasVersionError, tensorflow_trainer
 
 # Where each public name lives. Lazy: Ray Train costs seconds to import, and tf_keras must not load
 # in a Keras 3 worker that never checkpoints with ReportCheckpoint.
 _LAZY = {
-    "tf_dataset": ".feed",
-    "ResumableFeed": ".resume",
-    "plan_splits": "..io.splits",
-    "SplitPlan": "..io.splits",
-    "ReportCheckpoint": ".checkpoint",
-    "restore": ".checkpoint",
-    "tensorflow_trainer": ".train",
-    "KerasVersionError": ".train",
-    "inference": ".inference",
-    "predict": ".inference",
+    "tf_dataset": "ray_tfrecord._src.tf.feed",
+    "ResumableFeed": "ray_tfrecord._src.tf.resume",
+    "plan_splits": "ray_tfrecord._src.io.splits",
+    "SplitPlan": "ray_tfrecord._src.io.splits",
+    "ReportCheckpoint": "ray_tfrecord._src.tf.checkpoint",
+    "restore": "ray_tfrecord._src.tf.checkpoint",
+    "MODEL_FILE": "ray_tfrecord._src.tf.checkpoint",
+    "tensorflow_trainer": "ray_tfrecord._src.tf.train",
+    "KerasVersionError": "ray_tfrecord._src.tf.train",
+    "inference": "ray_tfrecord._src.tf.inference",
+    "predict": "ray_tfrecord._src.tf.inference",
 }
 
 __all__ = [
-    "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference", "plan_splits", "predict",
-    "restore", "tensorflow_trainer", "tf_dataset",
+    "MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference", "plan_splits",
+    "predict", "restore", "tensorflow_trainer", "tf_dataset",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
+        value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,364 @@
+"""ray-tfrecord: inspect, verify, index and convert TFRecord datasets.
+
+examples:
+  ray-tfrecord inspect s3://bucket/train/    schema, counts, files, partitions, first rows
+  ray-tfrecord verify /data/train            full CRC scan; exit 1 on damage
+  ray-tfrecord index /data/train             write index sidecars so reads can split files
+  ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
+
+Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so it is
+parallel and shows Ray Data's progress bars. Exit codes: 0 success; 1 damaged data (a corrupt
+record, a file that is not TFRecord) or a file that could not be indexed; 2 usage errors (the
+message says which option to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import logging
+import os
+import posixpath
+import re
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+from ray.data import DataContext
+
+from ray_tfrecord._src.core import options, sizes
+from ray_tfrecord._src.core.errors import CorruptRecordError, TFRecordError
+from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
+from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
+from ray_tfrecord._src.core.schema import read_stored_schema
+from ray_tfrecord._src.io.datasink import write_tfrecords
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.io.listing import DataFile, Listing, list_files
+from ray_tfrecord._src.io.task_errors import task_cause
+
+_READERS = {
+    "parquet": lambda src: ray.data.read_parquet(src),
+    "csv": lambda src: ray.data.read_csv(src),
+    "json": lambda src: ray.data.read_json(src),
+}
+
+
+def _ensure_ray(num_cpus: int | None) -> None:
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def _console_without_errors() -> None:
+    """The CLI prints a failed job's error as one line; Ray Data would also log it on the
+    console with its traceback. Those records stay in Ray Data's log file; progress and
+    warnings still reach the console."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.addFilter(lambda record: record.levelno < logging.ERROR)
+
+
+def _rows(files: list[DataFile]) -> list[dict[str, Any]]:
+    """One Ray Data row per file, for the per-file jobs."""
+    return [{"path": f.path, "size": f.size} for f in files]
+
+
+def _recorded_schema(listing: Listing, record_type: str) -> tuple[pa.Schema | None, str | None]:
+    """The schema ``write_tfrecords`` recorded for the dataset that the listed path is, or is
+    part of, and that dataset's root; ``(None, None)`` when none is recorded.
+
+    The schema sits at the dataset root, so a file or a partition directory inside a dataset has
+    none of its own: read alone, a ``string`` column would be inferred as ``binary`` (TFRecord
+    stores both as bytes), and a file would disagree with its directory."""
+    if len(listing.roots) != 1:
+        return None, None
+    path = listing.roots[0]
+    # The path's own root when it is a directory (and, for a file, nothing); then the root of
+    # the dataset holding it, less trailing Hive ``key=value`` directories.
+    for root in dict.fromkeys([dataset_root(posixpath.join(path, "")), dataset_root(path)]):
+        schema = read_stored_schema(listing.filesystem, root, options.record_type(record_type))
+        if schema is not None:
+            return schema.remove_metadata(), root
+    return None, None
+
+
+def _cmd_inspect(args) -> int:
+    recorded, root = _recorded_schema(list_files(args.path, partitioning=None), args.record_type)
+    with warnings.catch_warnings():
+        # The schema is the dataset's, not a spelling of the caller's: a column that this
+        # file's first records lack (sparse, or null in this partition) is no misspelling.
+        warnings.filterwarnings("ignore", message=r"schema fields .* are in none of the first")
+        source = TFRecordDatasource(args.path, record_type=args.record_type, schema=recorded)
+    files = source.listing.files
+    schema = source.output_schema()
+    print(f"files: {len(files)} ({sum(f.size for f in files)} bytes)")
+    for f in files[: args.files]:
+        print(f"  {f.path}  {f.size} bytes")
+    if len(files) > args.files:
+        print(f"  ... {len(files) - args.files} more")
+    if len(source.listing.partition_schema):
+        print("partitions:")
+        for field in source.listing.partition_schema:
+            values = sorted({dict(f.partitions)[field.name] for f in files}, key=repr)
+            shown = ", ".join(map(repr, values[:10])) + (" ..." if len(values) > 10 else "")
+            print(f"  {field.name}: {field.type} ({len(values)} values: {shown})")
+    print(f"schema (recorded for the dataset at {root}):" if recorded is not None
+          else "schema (inferred from a sample of the records; none recorded):")
+    for field in schema:
+        print(f"  {field.name}: {field.type}")
+    _ensure_ray(args.num_cpus)
+    ds = ray.data.read_datasource(source)
+    print(f"records: {ds.count()}")
+    print(f"first {args.rows} rows:")
+    for row in ds.take(args.rows):
+        print("  " + json.dumps({k: _shorten(v) for k, v in row.items()}, default=_jsonable))
+    return 0
+
+
+def _shorten(value: Any, keep: int = 8, keep_bytes: int = 32) -> Any:
+    """A long list shows its first values and its length (an image row is 784 numbers); a long
+    string or blob its first bytes and its length (an encoded image is kilobytes)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list) and len(value) > keep:
+        return [_shorten(v) for v in value[:keep]] + [f"... ({len(value)} values)"]
+    if isinstance(value, list):
+        return [_shorten(v) for v in value]
+    if isinstance(value, str) and len(value) > keep_bytes:
+        return f"{value[:keep_bytes]}... ({len(value)} characters)"
+    if isinstance(value, bytes) and len(value) > keep_bytes:
+        head = value[:keep_bytes]
+        text = head.decode("utf-8", "replace")
+        shown = text if text.isprintable() else head[:16].hex(" ")
+        return f"{shown}... ({len(value)} bytes)"
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _verify_file(row: dict[str, Any], filesystem: pafs.FileSystem) -> dict[str, Any]:
+    report = CorruptionReport(max_samples=100)
+    records = 0
+    stream, found = open_stream(row["path"], filesystem, "auto")
+    with contextlib.closing(stream):
+        for chunk in iter_chunks(stream, path=row["path"], on_corrupt="skip", report=report,
+                                 compressed=bool(found)):
+            records += len(chunk)
+    return {"path": row["path"], "records": records, "bad": report.count,
+            "samples": json.dumps(report.samples)}
+
+
+def _cmd_verify(args) -> int:
+    listing = list_files(args.path, partitioning=None)
+    _ensure_ray(args.num_cpus)
+    fs = listing.filesystem
+    results = ray.data.from_items(_rows(listing.files)).map(functools.partial(_verify_file, filesystem=fs)).take_all()
+    bad = [r for r in results if r["bad"]]
+    print(f"verified {len(results)} files, {sum(r['records'] for r in results)} good records, "
+          f"{sum(r['bad'] for r in bad)} corrupt")
+    for r in sorted(bad, key=lambda r: r["path"]):
+        for path, offset, reason in json.loads(r["samples"]):
+            print(f"CORRUPT {path} offset {offset}: {reason}")
+    return 1 if bad else 0
+
+
+def _index_file(row: dict[str, Any], filesystem: pafs.FileSystem, spacing: int) -> dict[str, Any]:
+    try:
+        index = build_index(filesystem, row["path"], spacing_bytes=spacing)
+    except TFRecordError as e:
+        return {"path": row["path"], "status": f"error: {e}", "records": -1}
+    if index is None:
+        return {"path": row["path"], "status": "skipped (compressed)", "records": -1}
+    write_index(filesystem, row["path"], index)
+    return {"path": row["path"], "status": "indexed", "records": index.num_records}
+
+
+def _cmd_index(args) -> int:
+    listing = list_files(args.path, partitioning=None)
+    _ensure_ray(args.num_cpus)
+    results = (
+        ray.data.from_items(_rows(listing.files))
+        .map(functools.partial(_index_file, filesystem=listing.filesystem, spacing=args.spacing))
+        .take_all()
+    )
+    for r in sorted(results, key=lambda r: r["path"]):
+        print(f"{r['status']}: {r['path']}" + (f" ({r['records']} records)" if r["records"] >= 0 else ""))
+    return 1 if any(r["status"].startswith("error") for r in results) else 0
+
+
+def _cmd_convert(args) -> int:
+    fmt = args.format or _guess_format(args.src)
+    if args.compression_level is not None and args.compression == "none":
+        raise ValueError("--compression-level applies to compressed files only; add --compression gzip or "
+                         "--compression zlib")
+    _ensure_ray(args.num_cpus)
+    ds = _READERS[fmt](args.src)
+    result = write_tfrecords(
+        ds,
+        args.dst,
+        record_type=args.record_type,
+        partition_cols=args.partition_by.split(",") if args.partition_by else None,
+        compression=None if args.compression == "none" else args.compression,
+        compression_level=args.compression_level,
+        mode=args.mode,
+        min_rows_per_file=args.min_rows_per_file,
+        max_rows_per_file=args.max_rows_per_file,
+        allow_float64_narrowing=args.allow_float64_narrowing,
+        allow_decimal_narrowing=args.allow_decimal_narrowing,
+    )
+    if result.skipped:
+        print(f"{args.dst} exists; nothing written (mode=ignore)")
+    else:
+        print(f"wrote {result.num_rows} records in {result.num_files} files to {args.dst}")
+    return 0
+
+
+def _guess_format(src: str) -> str:
+    for fmt, suffixes in (("parquet", (".parquet", ".pq")), ("csv", (".csv",)),
+                          ("json", (".json", ".jsonl"))):
+        if src.rstrip("/").lower().endswith(suffixes):
+            return fmt
+    raise SystemExit(f"cannot tell the format of {src!r}; pass --format parquet|csv|json")
+
+
+def _compression_level(text: str) -> int:
+    try:
+        level = int(text)
+        options.compression_level(level, "gzip")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0 (fastest) to 9 (smallest), or -1 for zlib's default; "
+                                         f"got {text!r}") from None
+    return level
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of rows; got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Global options are accepted before and after the subcommand: each subparser has them
+    # too, and SUPPRESS keeps a subcommand's unset copy from erasing the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--num-cpus", type=int, default=argparse.SUPPRESS,
+                        help="CPUs for the local Ray this command starts (default: all)")
+    parser = argparse.ArgumentParser(prog="ray-tfrecord", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    parser.set_defaults(flags={})  # the commands without a flag for a library keyword
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `ray-tfrecord COMMAND --help` lists its options")
+    record_types = list(options.RECORD_TYPES)
+    path_help = ("a TFRecord file, a directory of them (read recursively) or a quoted Hadoop glob "
+                 "('data/part-*'); local, s3://, gs://, ...")
+    record_type_help = "what each record holds: tf.train.Example, SequenceExample or raw bytes (default: Example)"
+
+    p = sub.add_parser("inspect", parents=[common], help="schema, record count, files, partitions, first rows",
+                       description="Show the schema, record count, files, partitions and first rows; "
+                                   "exit 1 if a record is corrupt.")
+    p.add_argument("path", help=path_help)
+    p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
+    p.add_argument("--rows", type=int, default=5, help="rows to show (default: 5)")
+    p.add_argument("--files", type=int, default=10, help="files to list (default: 10)")
+    p.set_defaults(fn=_cmd_inspect)
+
+    p = sub.add_parser("verify", parents=[common], help="full CRC scan; exit 1 and list bad file/offsets on damage",
+                       description="Check every record's CRCs; print each damaged file and offset and exit 1 "
+                                   "on damage.")
+    p.add_argument("path", help=path_help)
+    p.set_defaults(fn=_cmd_verify)
+
+    p = sub.add_parser("index", parents=[common], help="write index sidecars so reads can split large files",
+                       description="Write an index sidecar for each uncompressed file so that reads can split "
+                                   "it into byte ranges.")
+    p.add_argument("path", help=path_help)
+    p.add_argument("--spacing", type=int, default=sizes.INDEX_SPACING_BYTES,
+                   help=f"bytes between index checkpoints (default: {sizes.INDEX_SPACING_BYTES})")
+    p.set_defaults(fn=_cmd_index)
+
+    p = sub.add_parser("convert", parents=[common], help="Parquet / CSV / JSON -> TFRecord through Ray Data",
+                       description="Convert Parquet, CSV or JSON to TFRecord through Ray Data.")
+    p.add_argument("src", help="the Parquet, CSV or JSON file or directory to convert")
+    p.add_argument("dst", help="the directory to write TFRecord files into")
+    p.add_argument("--format", choices=sorted(_READERS),
+                   help="the format of SRC (default: from its extension)")
+    p.add_argument("--partition-by", help="comma-separated columns to partition the output by (Hive key=value "
+                                          "directories)")
+    p.add_argument("--compression", default="none", choices=["none", *options.COMPRESSIONS],
+                   help="compress each output file (default: none)")
+    p.add_argument("--compression-level", type=_compression_level, metavar="0-9",
+                   help="zlib level for --compression gzip/zlib: 1 fastest, 9 smallest (default: zlib's, 6)")
+    p.add_argument("--record-type", default="Example", choices=record_types, help=record_type_help)
+    p.add_argument("--mode", default="error", choices=list(options.MODES),
+                   help="what to do when DST already holds data (default: error)")
+    p.add_argument("--min-rows-per-file", type=_positive,
+                   help="gather at least this many rows per write task (so per file) before writing; a hint, "
+                        "as in Ray's write_tfrecords")
+    p.add_argument("--max-rows-per-file", type=_positive, help="start a new file after this many rows")
+    # The library names these fixes by their keyword (allow_float64_narrowing=True); errors show the flag.
+    flags: dict[str, str] = {}  # keyword: flag
+    for flag, help_text in (
+        ("--allow-float64-narrowing", "write float64 columns as float32 (TFRecord has no float64)"),
+        ("--allow-decimal-narrowing", "write decimals with no exact float32 form as the nearest float32"),
+    ):
+        flags[p.add_argument(flag, action="store_true", help=help_text).dest] = flag
+    p.set_defaults(fn=_cmd_convert, flags=flags)
+    return parser
+
+
+def _quiet_data_context() -> None:
+    """Create this process's Ray Data context without Ray's deprecation warnings about it.
+
+    Ray 2.60's ``DataContext()`` assigns every field, and assigning ``use_push_based_shuffle``,
+    ``use_polars`` or ``use_arrow_tensor_v2`` warns that the field is deprecated, although
+    nobody set it; every later ``DataContext.get_current()`` returns the context made here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
+        DataContext.get_current()
+
+
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Entry point of the ``ray-tfrecord`` console script; ``argv`` may hold path-like objects."""
+    args = _parser().parse_args(None if argv is None else [os.fspath(a) for a in argv])
+    _quiet_data_context()
+    args.num_cpus = getattr(args, "num_cpus", None)
+    _console_without_errors()
+    try:
+        return args.fn(args)
+    except Exception as e:
+        # One line, no traceback: the library's message names the file, offset and fix.
+        error = task_cause(e) or e
+        if not isinstance(error, (ValueError, FileNotFoundError)):
+            raise
+        print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), args.flags)}", file=sys.stderr)
+        return 1 if isinstance(error, CorruptRecordError) else 2
+
+
+def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each fix named as a Python keyword (``allow_float64_narrowing=True``) named
+    as the command's flag (``--allow-float64-narrowing``) instead; ``flags`` maps the keywords to
+    the flags. The library's messages name the keyword only, so the CLI alone knows its flags."""
+    for keyword, flag in flags.items():
+        message = message.replace(f"{keyword}=True", flag)
+    # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
+    # ignore_missing_paths=True to skip it" for a glob that matches nothing.
+    return re.sub(r", or pass \w+=True to [^;]*", "", message)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""The staged, all-or-nothing commit of a TFRecord write, on any ``pyarrow.fs`` filesystem.
+
+This module imports no Ray: :class:`Commit` is the protocol alone, driven by the Ray datasink
+(:mod:`ray_tfrecord._src.io.datasink`) and testable on a local directory.
+
+What a concurrent reader sees:
+
+1. :meth:`Commit.apply_mode` and :meth:`Commit.start` (driver) apply the save mode; the writers
+   then write every file, and its index sidecar (``_index.<relative path>``, see
+   :mod:`ray_tfrecord._src.core.index`), under ``<path>/_temporary/<write id>/``. Readers that skip
+   ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see these files, so a
+   failed or killed write leaves nothing visible (at worst a hidden ``_temporary/<write id>/``
+   directory after a hard kill).
+2. Only after every writer succeeded, :meth:`Commit.finish` (driver) moves the staged files into
+   place (sidecar first, so a data file is splittable as soon as it is visible), then, for
+   ``overwrite``, deletes the files that were there before, then removes the staging directory,
+   records the schema and writes ``_SUCCESS`` last. A failed write calls :meth:`Commit.abort`.
+
+Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) the commit is per write task
+instead, because Ray records a task's ids as done when the task returns, and a rerun skips them: the
+task's files must be in place by then. Ray writes the ids as a pending record before the task writes;
+:meth:`Commit.publish` (in the task) moves the task's staged files into place (each a rename, so never
+half-written) and Ray then commits the record. A job killed between the two leaves a pending record; the
+rerun's recovery (Ray's) deletes the files named after it and writes those rows again. Files are named
+``part-<task>-<write id>-<n>`` so that Ray can match them. The staging directory is then
+``_temporary/checkpoint-<key of the checkpoint path>/``, the same in every run of the job: it holds each
+task's record schemas, and its presence after Ray deleted its checkpoint (on success) says the data is
+complete and only this commit's last steps remain. :meth:`Commit.apply_mode` applies the save mode on the
+job's first run only; reruns continue it. :meth:`Commit.finish` then records the schema of every run's
+files, removes index sidecars whose data file Ray deleted, writes ``_SUCCESS`` and removes the staging
+directory last.
+
+During step 2 a reader listing the directory may see a partial dataset: some of the new files
+(``append``), or for ``overwrite`` the old files plus some of the new ones, until the old ones are
+deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds; on
+object stores a move is a copy and the window grows with the data. Readers that need a consistent
+snapshot should wait for ``_SUCCESS`` to appear (``overwrite``/first write) or be newer
+(``append``).
+
+Example (``staged`` and ``schemas`` are what the writers report)::
+
+    >>> import pyarrow.fs as pafs
+    >>> commit = Commit(pafs.LocalFileSystem(), "/tmp/words", "overwrite")  # doctest: +SKIP
+    >>> if not commit.apply_mode():  # False: go ahead; True: mode="ignore" found data  # doctest: +SKIP
+    ...     commit.start()
+    ...     ...  # write files under commit.staging, one StagedFile each
+    ...     result = commit.finish(staged, schemas)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ray_tfrecord._src.core import options
+from ray_tfrecord._src.core.errors import SchemaError, TFRecordError
+from ray_tfrecord._src.core.index import index_path
+from ray_tfrecord._src.core.layout import INDEX_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
+
+__all__ = ["Commit", "StagedFile", "TFRecordWriteResult", "checkpoint_file_base", "dataset_exists", "make_dirs"]
+
+logger = logging.getLogger(__name__)
+
+# A checkpointed job's staging directory, ``_temporary/checkpoint-<key>``, and what it holds besides staged
+# files: one record per schema a task wrote (``<task's file base>.<n>.schema``, so Ray's recovery deletes it
+# with the task's files) and, when the job appends to files whose schema was never recorded, a marker.
+_CHECKPOINT_STAGING = "checkpoint-"
+_SCHEMA_RECORD = ".schema"
+_UNRECORDED = "_unrecorded"
+# The data files of checkpointed tasks (checkpoint_file_base), as an index sidecar names them.
+_CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
+
+
+def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
+    """The start of every file name a write task uses under checkpointing; Ray's recovery deletes the files
+    whose names start with a pending record's base, so no other task's name may start with it (the ``-``
+    after the task number)."""
+    return f"part-{task_idx:05d}-{write_uuid}"
+
+
+@dataclass(frozen=True)
+class TFRecordWriteResult:
+    """What a write produced. ``files`` are the final paths of the data files
+    (empty when ``mode="ignore"`` skipped the write)."""
+
+    num_rows: int
+    files: list[str] = field(default_factory=list)
+    bytes_written: int = 0
+    skipped: bool = False
+
+    @property
+    def num_files(self) -> int:
+        return len(self.files)
+
+
+class StagedFile(NamedTuple):
+    """A data file a writer finished in the staging directory."""
+
+    rel_path: str  # under the staging directory, and under the destination once committed
+    rows: int
+    size: int
+    has_index: bool  # whether its index sidecar was staged too
+    in_place: bool = False  # already moved into place by its task (checkpointed write, Commit.publish)
+
+
+def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> None:
+    """Create directory ``path`` and its parents, except on an object store: there directories do
+    not exist, and creating marker objects only costs requests (and IAM permissions on parent
+    prefixes)."""
+    if not object_store:
+        filesystem.create_dir(path, recursive=True)
+
+
+def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
+    """Whether ``path`` holds data: a file, or a directory with anything besides ``_temporary``."""
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return True
+    if info.type != pafs.FileType.Directory:
+        return False
+    entries = filesystem.get_file_info(pafs.FileSelector(path))
+    return any(posixpath.basename(e.path) != STAGING_DIR for e in entries)
+
+
+class Commit:
+    """One write's commit into the dataset directory ``path`` on ``filesystem``.
+
+    Args:
+        filesystem: Where the dataset is, possibly wrapped (Ray's retrying filesystem).
+        path: The dataset directory.
+        mode: What to do with data already at ``path``: ``"error"``, ``"overwrite"``,
+            ``"append"`` or ``"ignore"``.
+        underlying: The filesystem ``filesystem`` wraps, to tell a local disk and an object store
+            apart; ``filesystem`` itself when absent.
+
+    The object is pickled into the writers along with the datasink; only :attr:`staging`,
+    :attr:`object_store` and :attr:`filesystem` matter there.
+    """
+
+    def __init__(self, filesystem: pafs.FileSystem, path: str, mode: options.Mode, *,
+                 underlying: pafs.FileSystem | None = None) -> None:
+        self.filesystem = filesystem
+        self.path = path.rstrip("/")
+        self.mode = options.mode(mode)
+        base = filesystem if underlying is None else underlying
+        #: Whether ``filesystem`` is S3: no directories, and a move is a copy.
+        self.object_store = base.type_name == "s3"
+        self._local = isinstance(base, pafs.LocalFileSystem)
+        #: Where writers put their files until :meth:`finish` moves them into place.
+        self.staging = posixpath.join(self.path, STAGING_DIR, uuid.uuid4().hex)
+        #: Set by :meth:`apply_mode`: the schema recorded by the dataset this write appends to
+        #: (appended rows must agree with it), and whether ``ignore`` skips the write.
+        self.recorded: pa.Schema | None = None
+        self.skipped = False
+        #: Set by :meth:`use_checkpoint`: the job checkpoint this write takes part in; and by
+        #: :meth:`apply_mode`: whether a rerun found the job's data complete (and completed its commit).
+        self.checkpoint: str | None = None
+        self.completed: TFRecordWriteResult | None = None
+        self._created_root = False
+
+    def use_checkpoint(self, checkpoint_path: str, *, started: bool) -> None:
+        """Take part in the job checkpoint at ``checkpoint_path`` (call before :meth:`apply_mode`);
+        ``started``: it holds records, so this run continues an earlier one."""
+        self.checkpoint = hashlib.sha256(checkpoint_path.encode()).hexdigest()[:16]
+        self.staging = posixpath.join(self.path, STAGING_DIR, _CHECKPOINT_STAGING + self.checkpoint)
+        self._checkpoint_started = started
+
+    def apply_mode(self) -> bool:
+        """Apply the save mode to what is at the destination: raise ``ValueError`` for ``error``,
+        return ``True`` (write nothing) for ``ignore``, ``False`` to go ahead."""
+        if self.checkpoint is not None:
+            if self._checkpoint_started:  # a rerun continues what the earlier runs wrote, whatever the mode
+                self.recorded = read_stored_schema(self.filesystem, self.path)
+                return False
+            if self._schema_records():  # Ray deleted its checkpoint on success: only our last steps remain
+                self.completed = self.finish([], [])
+                return True
+        if not dataset_exists(self.filesystem, self.path):
+            return False
+        if self.mode == "append":
+            self.recorded = read_stored_schema(self.filesystem, self.path)
+        if self.mode == "error":
+            raise ValueError(
+                f"Path {self.path} already exists. Use mode='overwrite', 'append' or "
+                "'ignore' to write there anyway."
+            )
+        if self.mode == "ignore":
+            logger.warning("[mode=ignore] %s exists; not writing.", self.path)
+            self.skipped = True
+            return True
+        return False
+
+    def start(self) -> None:
+        """Create the staging directory (after :meth:`apply_mode` said to go ahead)."""
+        fs = self.filesystem
+        self._created_root = fs.get_file_info(self.path).type == pafs.FileType.NotFound
+        if self.checkpoint is not None and not self._checkpoint_started:
+            # The job's first run. Its files become visible task by task, so the ones an overwrite replaces
+            # go first (as Ray's own file writers do); the reruns keep all of them.
+            if self.mode == "overwrite":
+                old = _list_old_files(fs, self.path)
+                for path in old:
+                    fs.delete_file(path)
+                _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
+            elif self.mode == "append" and dataset_exists(fs, self.path) and self.recorded is None:
+                make_dirs(fs, self.staging, object_store=self.object_store)
+                fs.open_output_stream(posixpath.join(self.staging, _UNRECORDED), compression=None).close()
+        make_dirs(fs, self.staging, object_store=self.object_store)
+
+    def publish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], base: str) -> list[StagedFile]:
+        """In a checkpointed write task: record the task's ``schemas``, make its ``staged`` files durable
+        and move them into place (sidecar first), before Ray commits the task's ids. ``base``: the
+        :func:`checkpoint_file_base` of the task's files. Returns the files, marked in place."""
+        fs = self.filesystem
+        for n, schema in enumerate(schemas):
+            with fs.open_output_stream(posixpath.join(self.staging, f"{base}.{n}{_SCHEMA_RECORD}"),
+                                       compression=None) as out:
+                out.write(schema.serialize())
+        moves = []
+        for f in staged:
+            src, dst = posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)
+            if f.has_index:
+                moves.append((index_path(src, self.staging), index_path(dst, self.path)))
+            moves.append((src, dst))
+        self._sync(src for src, _ in moves)
+        for src, dst in moves:
+            make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
+            fs.move(src, dst)
+        self._sync({posixpath.dirname(dst) for _, dst in moves})
+        return [f._replace(in_place=True) for f in staged]
+
+    def _sync(self, paths: Iterable[str]) -> None:
+        """Flush files or directories to disk (local filesystems; a move elsewhere is a durable copy):
+        Ray's record of the rows must not outlive them in a power loss."""
+        if not self._local:
+            return
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def finish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], *,
+               names_from_caller: bool = False) -> TFRecordWriteResult:
+        """Move the ``staged`` files into place and complete the dataset; ``schemas`` are the record
+        schemas the writers wrote. ``names_from_caller``: the file names are the caller's (a
+        ``filename_provider``), so they may clash; a clash fails the write before any file moves."""
+        if names_from_caller:
+            self._refuse_name_clashes(staged)
+        fs = self.filesystem
+        checkpointed = self.checkpoint is not None
+        old = _list_old_files(fs, self.path) if self.mode == "overwrite" and not checkpointed else []
+        appended_to_data = self.mode == "append" and dataset_exists(fs, self.path)
+
+        final_paths = []
+        for f in staged:
+            src = posixpath.join(self.staging, f.rel_path)
+            dst = posixpath.join(self.path, f.rel_path)
+            final_paths.append(dst)
+            if f.in_place:
+                continue
+            make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
+            if f.has_index:
+                fs.move(index_path(src, self.staging), index_path(dst, self.path))
+            fs.move(src, dst)
+
+        if old:
+            new = set(final_paths) | {index_path(p, self.path) for p in final_paths}
+            for path in old:
+                if path not in new:
+                    fs.delete_file(path)
+            _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
+        if checkpointed:
+            # Every run's files count: the schemas their tasks recorded, over the one recorded before the
+            # job (gone if the job appended to files without one). The staging directory goes last: while
+            # it is there, a rerun finds this commit to complete.
+            self._remove_orphan_sidecars()
+            unrecorded = fs.get_file_info(posixpath.join(self.staging, _UNRECORDED)).type == pafs.FileType.File
+            self._record_schema([*self._schema_records(), *schemas], unrecorded)
+        else:
+            self._remove_staging()
+            self._record_schema(schemas, appended_to_data)
+        with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
+            pass
+        if checkpointed:
+            self._remove_staging()
+        return TFRecordWriteResult(
+            num_rows=sum(f.rows for f in staged),
+            files=final_paths,
+            bytes_written=sum(f.size for f in staged),
+        )
+
+    def abort(self) -> None:
+        """Remove what a failed write staged, and the dataset directory if this write created it
+        and it holds nothing else. A checkpointed write keeps both: its tasks' files are in place and
+        their ids recorded, and the rerun continues them."""
+        if self.checkpoint is not None:
+            return
+        self._remove_staging()
+        if self._created_root and not dataset_exists(self.filesystem, self.path):
+            self.filesystem.delete_dir(self.path)
+
+    def _refuse_name_clashes(self, staged: Sequence[StagedFile]) -> None:
+        """A filename_provider's names are the caller's: two tasks may get the same one (both wrote the
+        same staged path, so one file's rows are lost) or, appending, one already in the dataset.
+        Either fails the write before any file moves, rather than replacing data."""
+        seen = set()
+        for f in staged:
+            if f.rel_path in seen:
+                raise TFRecordError(f"filename_provider gave two write tasks the same file name {f.rel_path!r}; "
+                                    "make get_filename_for_task's name depend on task_index. Nothing was written",
+                                    path=self.path)
+            seen.add(f.rel_path)
+        if self.mode == "append":
+            for f in staged:
+                dst = posixpath.join(self.path, f.rel_path)
+                if self.filesystem.get_file_info(dst).type != pafs.FileType.NotFound:
+                    raise TFRecordError("the file exists: filename_provider named an appended file like an existing "
+                                        "one; put write_uuid in the name, or write with mode='overwrite'. Nothing "
+                                        "was written", path=dst)
+
+    def _record_schema(self, written: Sequence[pa.Schema], appended_to_data: bool) -> None:
+        """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
+
+        It records the schema every writer wrote, merged into the one recorded before for an append
+        (:func:`~ray_tfrecord._src.core.schema.merge_recorded`); it is removed when writers wrote conflicting
+        types, or when appending to files whose schema was not recorded. A checkpointed write always
+        merges into what is recorded (its first run removed it for an overwrite); ``appended_to_data``
+        then says that the job appended to files without one.
+        """
+        fs = self.filesystem
+        if self.checkpoint is not None:
+            merged = None if appended_to_data else read_stored_schema(fs, self.path)
+            appended_to_data = appended_to_data or merged is not None
+        else:
+            merged = read_stored_schema(fs, self.path) if appended_to_data else None
+        if merged is not None or not appended_to_data:
+            try:
+                for schema in written:
+                    merged = schema if merged is None else merge_recorded(merged, schema)
+            except SchemaError:
+                merged = None
+        path = posixpath.join(self.path, SCHEMA_FILE)
+        if merged is not None:
+            with fs.open_output_stream(path, compression=None) as f:
+                f.write(merged.serialize())
+        elif fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
+
+    def _schema_records(self) -> list[pa.Schema]:
+        """The schemas a checkpointed job's tasks recorded, in every run so far."""
+        entries = self.filesystem.get_file_info(pafs.FileSelector(self.staging, allow_not_found=True))
+        records = sorted(e.path for e in entries if e.is_file and e.path.endswith(_SCHEMA_RECORD))
+        out = []
+        for path in records:
+            with self.filesystem.open_input_file(path) as f:
+                out.append(pa.ipc.read_schema(pa.py_buffer(f.read())))
+        return out
+
+    def _remove_orphan_sidecars(self) -> None:
+        """Ray's recovery deletes the files of a task killed before its ids were committed, not their index
+        sidecars (whose names start ``_index.``); remove those, and the partition directories left empty."""
+        fs = self.filesystem
+        top = fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        sidecars = {e.path: urllib.parse.unquote(posixpath.basename(e.path)[len(INDEX_PREFIX):]) for e in top
+                    if e.is_file and posixpath.basename(e.path).startswith(INDEX_PREFIX)}
+        ours = {p: rel for p, rel in sidecars.items() if _CHECKPOINTED_FILE.match(posixpath.basename(rel))}
+        if not ours:
+            return
+        staging = posixpath.join(self.path, STAGING_DIR) + "/"
+        listing = [e for e in fs.get_file_info(pafs.FileSelector(self.path, recursive=True))
+                   if not e.path.startswith(staging)]
+        present = {posixpath.relpath(e.path, self.path) for e in listing if e.is_file}
+        for path, rel in ours.items():
+            if rel not in present:
+                fs.delete_file(path)
+        _remove_empty_dirs(fs, self.path, {e.path for e in listing if e.type == pafs.FileType.Directory})
+
+    def _remove_staging(self) -> None:
+        if self.filesystem.get_file_info(self.staging).type != pafs.FileType.NotFound:
+            self.filesystem.delete_dir(self.staging)
+        # `_temporary` is shared with concurrent writers: a check-then-delete could wipe a staging
+        # directory created in between, or fail on one another writer removed first. Locally an
+        # rmdir is atomic and refuses a non-empty directory; elsewhere delete_dir removes a whole
+        # prefix, so the (hidden, empty) prefix is left.
+        if self._local:
+            with contextlib.suppress(OSError):
+                os.rmdir(posixpath.dirname(self.staging))
+
+
+def _list_old_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Every file of the existing dataset, excluding other writers' staging."""
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    staging = posixpath.join(path, STAGING_DIR) + "/"
+    return [
+        e.path
+        for e in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        if e.is_file and not e.path.startswith(staging)
+    ]
+
+
+def _remove_empty_dirs(fs: pafs.FileSystem, root: str, dirs: Iterable[str]) -> None:
+    # Deepest first, so a parent emptied by removing its children goes too.
+    candidates = set()
+    for d in dirs:
+        while d.startswith(root + "/"):
+            candidates.add(d)
+            d = posixpath.dirname(d)
+    for d in sorted(candidates, key=lambda p: p.count("/"), reverse=True):
+        info = fs.get_file_info(d)
+        if info.type == pafs.FileType.Directory and not fs.get_file_info(pafs.FileSelector(d)):
+            fs.delete_dir(d)

@@ -1,0 +1,429 @@
+"""Ray Data datasink writing TFRecord datasets with a staged, all-or-nothing commit.
+
+Example:
+    >>> import ray, ray_tfrecord
+    >>> ds = ray.data.from_items([{"number": n % 3, "word": f"w{n}"} for n in range(9)])  # doctest: +SKIP
+    >>> result = ray_tfrecord.write_tfrecords(  # doctest: +SKIP
+    ...     ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
+    >>> result.num_rows  # doctest: +SKIP
+    9
+
+This module adapts the write to Ray Data: the driver side of the commit protocol
+(:mod:`ray_tfrecord._src.io.commit`, which says what a concurrent reader sees) runs in
+``on_write_start``/``on_write_complete``/``on_write_failed``, the file writers
+(:mod:`ray_tfrecord._src.io.writers`) in ``write``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import posixpath
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+from ray.data import Dataset
+from ray.data.block import Block, BlockAccessor
+from ray.data.context import DataContext
+from ray.data.dataset import MaterializedDataset
+from ray.data.datasource import Datasink, FilenameProvider, WriteResult
+
+from ray_tfrecord._src.core import options, sizes
+from ray_tfrecord._src.core.codec import RecordType, check_encodable
+from ray_tfrecord._src.core.errors import TFRecordError
+from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
+from ray_tfrecord._src.io.compat import SaveMode
+from ray_tfrecord._src.io.task_errors import from_task, task_cause
+from ray_tfrecord._src.io.writers import WriteConfig, write_tables
+
+# SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
+__all__ = ["SaveMode", "TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    _Base = Datasink[dict[str, Any]]
+else:
+    # Ray's file-datasink base where Ray has job checkpointing, so that Ray checkpoints our write tasks in
+    # two phases (compat.FileDatasinkBase says why); Datasink elsewhere. Every method Ray calls is ours.
+    _Base = compat.FileDatasinkBase
+
+
+class _CheckpointNames(FilenameProvider):
+    """What Ray's checkpointing asks a file datasink for: the name a write task's files start with."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return checkpoint_file_base(task_index, write_uuid) + ".tfrecord"
+
+
+class TFRecordDatasink(_Base):
+    """Writes a dataset as TFRecord files, Hive-partitioned if asked.
+
+    Use with ``ds.write_datasink(TFRecordDatasink(path, ...))`` or
+    :func:`write_tfrecords`. After the write, :attr:`result` holds a
+    :class:`TFRecordWriteResult`. The write is staged and committed all or nothing
+    (:mod:`ray_tfrecord._src.io.commit`); each write task's files are written by
+    :mod:`ray_tfrecord._src.io.writers`.
+
+    Args:
+        path: Destination directory (any ``pyarrow.fs`` filesystem), a string or a path-like object.
+        filesystem: Filesystem to use; inferred from ``path`` when absent.
+        record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (the
+            dataset then has one binary column, written as raw records).
+        partition_cols: Columns to partition by: rows go to
+            ``<col>=<value>/...`` directories and the columns are dropped from the
+            records (the reader restores them from the directory names). Nulls go
+            to ``<col>=__HIVE_DEFAULT_PARTITION__``.
+        mode: ``"error"`` (default: raise if ``path`` holds anything),
+            ``"overwrite"`` (replace the dataset once the new one is complete),
+            ``"append"`` (add files) or ``"ignore"`` (do nothing if ``path`` holds
+            anything). A directory holding only ``_temporary`` counts as empty.
+        compression: ``None``, ``"gzip"`` or ``"zlib"``; files are readable by
+            ``tf.data.TFRecordDataset`` with ``compression_type`` ``"GZIP"``/``"ZLIB"``.
+        compression_level: zlib's level for ``"gzip"``/``"zlib"`` files: 0 (fastest) to 9
+            (smallest); ``None`` is zlib's default (6). Refused without ``compression``.
+        min_rows_per_file: As in Ray's file datasinks: a write task gathers input blocks until it
+            holds at least this many rows, and writes them to one file per partition directory. A
+            hint, not a limit: a task may get more rows (whole blocks), the last task fewer, and
+            ``max_rows_per_file``/``target_file_size`` still cut files. With ``partition_cols`` it
+            counts a task's rows over all its partitions.
+        filename_provider: A Ray ``FilenameProvider``: each write task names its files
+            ``get_filename_for_task(write_uuid, task_index)``, used as given within each
+            partition directory. ``{i}`` in the name becomes the file's number (0, 1, ...) within
+            the task and directory, as in ``write_parquet``; without it, a task that needs a
+            second file in one directory fails. Two tasks giving the same name, or (``append``) a
+            name that exists, fail the write before any file moves. Default:
+            ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``.
+        max_rows_per_file: Start a new file after this many records.
+        target_file_size: Start a new file once this many (uncompressed) bytes
+            have been written to it; files end on record boundaries, so they may
+            exceed it by up to one record.
+        write_index: Write an index sidecar for each uncompressed file so readers
+            can split it.
+        allow_float64_narrowing: Write ``float64`` columns as TFRecord's float32
+            (lossy) instead of refusing them.
+        allow_decimal_narrowing: Write decimal values that have no exact float32 form
+            as the nearest float32 (lossy) instead of refusing them.
+    """
+
+    # Open files per write task; beyond it the least recently used one is closed
+    # (its partition continues in a new file), bounding memory and handles.
+    _MAX_OPEN_FILES = 64
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        record_type: RecordType = "Example",
+        partition_cols: list[str] | None = None,
+        mode: options.Mode | SaveMode = "error",
+        compression: options.Compression | None = None,
+        compression_level: int | None = None,
+        min_rows_per_file: int | None = None,
+        filename_provider: FilenameProvider | None = None,
+        max_rows_per_file: int | None = None,
+        target_file_size: int | None = None,
+        write_index: bool = True,
+        allow_float64_narrowing: bool = False,
+        allow_decimal_narrowing: bool = False,
+    ):
+        mode = options.mode(mode)
+        options.compression(compression)
+        options.compression_level(compression_level, compression)
+        options.record_type(record_type)
+        for name, value in (("min_rows_per_file", min_rows_per_file), ("max_rows_per_file", max_rows_per_file),
+                            ("target_file_size", target_file_size)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if min_rows_per_file is not None and max_rows_per_file is not None and min_rows_per_file > max_rows_per_file:
+            raise ValueError(f"min_rows_per_file ({min_rows_per_file}) must not exceed max_rows_per_file "
+                             f"({max_rows_per_file})")
+        if filename_provider is not None and not isinstance(filename_provider, FilenameProvider):
+            raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
+                            f"{type(filename_provider).__name__}")
+        self._unresolved_path = os.fspath(path)
+        paths, fs = compat.resolve_paths([self._unresolved_path], filesystem)
+        retrying = compat.retrying_filesystem(fs)
+        #: The write's commit protocol: its save mode, staging directory and final moves.
+        self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying))
+        self._min_rows_per_file = min_rows_per_file
+        self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
+        self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
+        self._config = WriteConfig(
+            filesystem=retrying,
+            path=self.commit.path,
+            staging=self.commit.staging,
+            object_store=self.commit.object_store,
+            record_type=record_type,
+            partition_cols=tuple(partition_cols or ()),
+            compression=compression,
+            compression_level=compression_level,
+            filename_provider=filename_provider,
+            max_rows_per_file=max_rows_per_file,
+            target_file_size=target_file_size,
+            write_index=write_index and compression is None,
+            allow_float64_narrowing=allow_float64_narrowing,
+            allow_decimal_narrowing=allow_decimal_narrowing,
+            max_open_files=self._MAX_OPEN_FILES,
+        )
+        self._started = False
+        self._skips: bool | None = None  # what apply_mode decided, once
+        self._context: DataContext | None = None  # the dataset's, whose checkpoint_config applies
+        self.result: TFRecordWriteResult | None = None
+
+    # What Ray's planner and ``Dataset.write_datasink`` read of a file datasink (Ray 2.60).
+    @property
+    def unresolved_path(self) -> str:
+        return self._unresolved_path
+
+    @property
+    def path(self) -> str:
+        return self.commit.path
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self.commit.filesystem
+
+    @property
+    def filename_provider(self) -> FilenameProvider:
+        return _CheckpointNames()
+
+    @property
+    def _skip_write(self) -> bool:
+        return bool(self._skips)
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        """Raise if rows of ``schema`` cannot be written with this sink's options (partition
+        columns, types TFRecord cannot encode, types that contradict the dataset appended to), so
+        that a caller who knows the schema fails before executing the dataset; the write then
+        knows the element type of list columns that are all empty in some block."""
+        self._config.check_schema(schema, self.commit.recorded)
+        self._config = self._config.knowing(schema)
+
+    # -- driver side ------------------------------------------------------------------
+
+    def apply_mode(self, context: DataContext | None = None) -> bool:
+        """Take part in the job checkpoint of ``context`` (the dataset's; default: the current one), if
+        it has one, and apply the save mode, once; ``True``: nothing is to be written (``ignore`` found
+        data, or a rerun completed a checkpointed write whose data was complete), and :attr:`result` says so."""
+        if self._skips is None:
+            config = compat.checkpoint_config(context)
+            if config is not None:
+                if self._config.filename_provider is not None:
+                    raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
+                                     "each task's files by the name Ray gave the task; leave filename_provider out")
+                started = compat.checkpoint_started(config)
+                self.commit.use_checkpoint(config.checkpoint_path, started=started)
+                cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 2
+                if started and cpus < 2:
+                    logger.warning("Ray's checkpoint filter holds one CPU for an actor while a checkpointed job runs "
+                                   "again, and this cluster has %s: the job's tasks may wait forever. Give Ray at "
+                                   "least 2 CPUs, e.g. ray.init(num_cpus=2)", cpus)
+                self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
+            self._skips = self.commit.apply_mode()
+            if self.commit.completed is not None:
+                self.result = self.commit.completed
+            elif self._skips:
+                self.result = TFRecordWriteResult(num_rows=0, skipped=True)
+        return self._skips
+
+    def on_write_start(self, schema: pa.Schema | None = None, **_: Any) -> None:  # Ray 2.50-2.52 pass no schema
+        if self._started:
+            return
+        self._started = True
+        # The schema Ray passes here is that of the write operator's first input
+        # bundle, which after operator fusion can be a read task's input rather
+        # than the rows; write tasks check the real schema before writing a byte.
+        if not self.apply_mode(self._context):
+            self.commit.start()
+
+    def on_write_complete(self, write_result: WriteResult[dict[str, Any]]) -> None:
+        # An empty dataset never calls on_write_start; the mode still applies.
+        self.on_write_start(None)
+        if self._skips:
+            return
+        returns = [ret for ret in write_result.write_returns if ret]
+        staged: list[StagedFile] = [f for ret in returns for f in ret["files"]]
+        schemas: list[pa.Schema] = [s for ret in returns for s in ret.get("schemas", [])]
+        self._refuse_null_everywhere(schemas)
+        self.result = self.commit.finish(staged, schemas, names_from_caller=self._config.filename_provider is not None)
+
+    def _refuse_null_everywhere(self, written: list[pa.Schema]) -> None:
+        """Tasks write a null-typed block column as missing features, since another block may give it
+        a type; a column null-typed in every block (and not recorded before) has none, so the
+        write fails before any file moves, as it does on the driver when the schema is known."""
+        recorded = self.commit.recorded or pa.schema([])
+        typed = {f.name for s in written + [recorded] for f in s if not pa.types.is_null(f.type)}
+        for s in written:
+            for f in s:
+                if f.name not in typed:
+                    check_encodable(pa.schema([f]), self._config.record_type)
+
+    def on_write_failed(self, error: Exception) -> None:
+        if self.commit.checkpoint is not None:
+            logger.warning("Write to %s failed; the files of the write tasks that completed stay, and running the "
+                           "job again continues it: %s", self.commit.path, task_cause(error) or error)
+        else:
+            logger.warning("Write to %s failed; removing staged files: %s", self.commit.path,
+                           task_cause(error) or error)
+        self.commit.abort()
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        return self._min_rows_per_file or self._rows_per_write
+
+    def _bundle_rows_like_bytes(self, ds: Dataset) -> None:
+        """Ray before 2.60 ignores :attr:`min_bytes_per_write` and runs one write task per input block
+        unless a row target is given. For a materialized dataset, whose size Ray knows without
+        executing it, set the row target that gathers the same bytes, so that the same files are
+        written on every Ray; a lazy dataset's write tasks are fused with the read tasks before it
+        where Ray can, and take one block each where it cannot."""
+        if self._min_rows_per_file is not None or not isinstance(ds, MaterializedDataset):
+            return
+        rows, size = ds.count(), ds.size_bytes()
+        target = self.min_bytes_per_write
+        if rows and size and target:
+            self._rows_per_write = max(1, math.ceil(target * rows / size))
+
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        # Ray otherwise runs one write task, hence one file, per input block:
+        # hundreds of tiny files (and tasks) for a dataset that Ray split finely.
+        # A write task's input gathers in the object store until it reaches this size,
+        # so it must stay well below the store (Ray Data budgets about half of it across
+        # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
+        # operators on backpressure and spills (tests/test_faults.py).
+        if self.min_rows_per_write is not None:
+            return None  # the row target bundles instead (Ray accepts only one of the two)
+        store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
+        if store:
+            return max(1, min(self._min_bytes_per_write, int(store) // sizes.STORE_SHARE_PER_WRITE))
+        return self._min_bytes_per_write
+
+    @property
+    def supports_distributed_writes(self) -> bool:
+        return not compat.is_local_scheme([self._unresolved_path])
+
+    # -- write tasks ---------------------------------------------------------------------
+
+    def write(self, blocks: Iterable[Block], ctx: compat.TaskContext) -> dict[str, Any]:
+        """Write this task's blocks into the staging directory; returns the staged
+        files (:class:`~ray_tfrecord._src.io.commit.StagedFile`) and the record schemas written."""
+        if self._skips:
+            return {"files": [], "schemas": []}
+        tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
+        write_uuid = compat.write_uuid(ctx) or posixpath.basename(self.commit.staging)
+        try:
+            files, schemas = write_tables(tables, self._config, ctx.task_idx, write_uuid, self.commit.recorded)
+        except TFRecordError as e:
+            raise from_task(e) from None
+        # Ray commits this task's ids when it returns (its pending record was written before the first
+        # block arrived): the files go into place now, not at the driver's commit.
+        if compat.task_checkpoints_pending(ctx):
+            if not self._config.checkpointed:
+                raise ValueError("the dataset's checkpoint_config was set after the write started; set "
+                                 "DataContext.get_current().checkpoint_config before creating the dataset")
+            files = self.commit.publish(files, schemas, checkpoint_file_base(ctx.task_idx, write_uuid))
+        return {"files": files, "schemas": schemas}
+
+
+def write_tfrecords(
+    ds: Dataset,
+    path: str | os.PathLike,
+    *,
+    filesystem: pafs.FileSystem | None = None,
+    record_type: RecordType = "Example",
+    partition_cols: list[str] | None = None,
+    mode: options.Mode | SaveMode = "error",
+    compression: options.Compression | None = None,
+    compression_level: int | None = None,
+    min_rows_per_file: int | None = None,
+    filename_provider: FilenameProvider | None = None,
+    max_rows_per_file: int | None = None,
+    target_file_size: int | None = None,
+    write_index: bool = True,
+    allow_float64_narrowing: bool = False,
+    allow_decimal_narrowing: bool = False,
+    concurrency: int | None = None,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    memory: float | None = None,
+    resources: dict[str, float] | None = None,
+    accelerator_type: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    label_selector: dict[str, str] | None = None,
+    fallback_strategy: list[dict[str, Any]] | None = None,
+    max_calls: int | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
+) -> TFRecordWriteResult:
+    """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
+    for the arguments and the commit protocol. Returns what was written.
+
+    ``concurrency`` and ``ray_remote_args`` are ``Dataset.write_datasink``'s; the write tasks'
+    Ray options can also be given by name (``num_cpus``, ``num_gpus``, ``memory``,
+    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
+    ``fallback_strategy``, ``max_calls``), as for :func:`~ray_tfrecord.read_tfrecords`;
+    only the ones given reach Ray.
+
+    Example:
+        >>> import ray, ray_tfrecord
+        >>> ds = ray.data.range(100)  # doctest: +SKIP
+        >>> ray_tfrecord.write_tfrecords(ds, "/tmp/r", compression="gzip")  # doctest: +SKIP
+        TFRecordWriteResult(num_rows=100, ...)
+    """
+    sink = TFRecordDatasink(
+        path,
+        filesystem=filesystem,
+        record_type=record_type,
+        partition_cols=partition_cols,
+        mode=mode,
+        compression=compression,
+        compression_level=compression_level,
+        min_rows_per_file=min_rows_per_file,
+        filename_provider=filename_provider,
+        max_rows_per_file=max_rows_per_file,
+        target_file_size=target_file_size,
+        write_index=write_index,
+        allow_float64_narrowing=allow_float64_narrowing,
+        allow_decimal_narrowing=allow_decimal_narrowing,
+    )
+    given = dict(
+        concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources,
+        accelerator_type=accelerator_type, runtime_env=runtime_env, label_selector=label_selector,
+        fallback_strategy=fallback_strategy, max_calls=max_calls, ray_remote_args=ray_remote_args,
+    )
+    # Settle error/ignore before executing the dataset: Ray would otherwise compute
+    # the whole dataset only for the sink to refuse or drop it.
+    sink._context = ds.context
+    if sink.apply_mode(ds.context):
+        return _result(sink)
+    if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
+        sink._bundle_rows_like_bytes(ds)
+    known = ds.schema(fetch_if_missing=False)
+    if known is not None and isinstance(known.base_schema, pa.Schema):
+        sink.check_schema(known.base_schema)  # fail before computing anything
+    try:
+        ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))
+    except Exception as e:
+        # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
+        # caller gets the error itself, with its path, offset and column.
+        cause = task_cause(e)
+        if cause is None:
+            raise
+        raise cause from None
+    return _result(sink)
+
+
+def _result(sink: TFRecordDatasink) -> TFRecordWriteResult:
+    # A check, not an assert: under python -O an assert would let a write that never committed return None.
+    if sink.result is None:
+        raise RuntimeError(f"write_tfrecords: Ray finished writing {sink.commit.path} without committing it (the "
+                           "datasink's on_write_complete was not called); nothing of this write is visible")
+    return sink.result

@@ -1,5 +1,0 @@
-"""The format core: TFRecord framing, the native codec, schemas and index sidecars.
-
-Needs only numpy and pyarrow; imports nothing from the Ray I/O (``ray_tfrecord.io``) or
-TensorFlow (``ray_tfrecord.tf``) layers.
-"""
