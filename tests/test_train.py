@@ -12,7 +12,8 @@ import pytest
 import ray
 
 import ray_tfrecord
-from ray_tfrecord._src.tf.train import MODEL_FILE, ReportCheckpoint, restore, tensorflow_trainer
+from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
+from ray_tfrecord._src.tf.train import tensorflow_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

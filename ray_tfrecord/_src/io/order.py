@@ -53,7 +53,7 @@ def epoch_pieces(split_rows: Sequence[int], seed: int, epoch: int) -> list[Piece
     return [(int(i), 0, int(split_rows[i])) for i in order if split_rows[i]]
 
 
-def row_order(rows: int, seed: int, epoch: int, split: int, shuffle: bool) -> np.ndarray:
+def row_order(rows: int, seed: int, epoch: int, split: int, *, shuffle: bool) -> np.ndarray:
     """The order a split's ``rows`` records are fed in: seeded per ``(seed, epoch, split)`` when
     ``shuffle``, else file order.  The shuffle buffer is one split."""
     if not shuffle:

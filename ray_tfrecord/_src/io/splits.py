@@ -72,7 +72,7 @@ class SplitPlan:
     partitions: tuple[tuple[str, PartitionValues], ...] = ()
     partition_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
 
-    def columns(self, include_paths: bool = False) -> pa.Schema:
+    def columns(self, *, include_paths: bool = False) -> pa.Schema:
         """What ``read_tfrecords`` returns for these files: the records' columns, then the partition
         columns (which win over a record column of the same name, as in Spark), then with
         ``include_paths`` a ``path`` column."""
@@ -204,7 +204,7 @@ def read_pieces(
         parts = [_attached(partitions, plan.splits[i], _split_table(fs, plan.splits[i], schema, plan.compression),
                            extra) for i in members]
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        rows = row_order(table.num_rows, seed, epoch, index, shuffle)[lo:hi]
+        rows = row_order(table.num_rows, seed, epoch, index, shuffle=shuffle)[lo:hi]
         if shuffle or lo or hi < table.num_rows:
             table = table.take(pa.array(rows))
         table = table.append_column(pa.field(weight_column, pa.float32()),

@@ -54,7 +54,7 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
     The reported ``epoch`` and ``step`` are Keras's.
     """
 
-    def __init__(self, keras_file: bool = True, *, every_n_steps: int | None = None,
+    def __init__(self, *, keras_file: bool = True, every_n_steps: int | None = None,
                  feed: ResumableFeed | None = None) -> None:
         super().__init__()
         if every_n_steps is not None and every_n_steps <= 0:
@@ -84,7 +84,7 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
         self._report(logs, {"epoch": epoch}, finished=True)
 
-    def _report(self, logs: Mapping[str, Any] | None, where: dict[str, int], finished: bool) -> None:
+    def _report(self, logs: Mapping[str, Any] | None, where: dict[str, int], *, finished: bool) -> None:
         metrics: dict[str, Any] = {k: float(v) for k, v in (logs or {}).items()}
         metrics.update(where)
         with tempfile.TemporaryDirectory() as tmp:

@@ -59,7 +59,7 @@ __all__ = ["Batches", "PerReplica", "check_partial_batches", "worker_group"]
 Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
 
 
-def check_partial_batches(drop_remainder: bool, steps_per_epoch: int | None) -> None:
+def check_partial_batches(*, drop_remainder: bool, steps_per_epoch: int | None) -> None:
     """Refuse a partial last batch when, inside a Ray Train run of several workers, ranks could
     then disagree on the step count (and hang synchronous training)."""
     if not drop_remainder and steps_per_epoch is None and (world_size := worker_group()[1]) > 1:

@@ -84,7 +84,7 @@ class _Batching:
             rows = min(rows, shuffle_buffer)
         return cls(batch_size, max(batch_size, rows - rows % batch_size))
 
-    def batches_in(self, rows: int, drop_remainder: bool) -> int:
+    def batches_in(self, rows: int, *, drop_remainder: bool) -> int:
         """Batches a fetch of ``rows`` makes: the full ones, plus the tail if kept."""
         full, tail = divmod(rows, self.batch_size)
         return full + (1 if tail and not drop_remainder else 0)
@@ -111,7 +111,7 @@ class _Fetches:
         try:
             for table in stream:
                 # Only the last fetch of an epoch can be short.
-                count = self.batching.batches_in(table.num_rows, self.drop_remainder)
+                count = self.batching.batches_in(table.num_rows, drop_remainder=self.drop_remainder)
                 if self.steps_per_epoch is not None:
                     count = min(count, self.steps_per_epoch - produced)
                 if count == 0:
@@ -461,7 +461,7 @@ def tf_dataset(
         raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
     per_replica = None if strategy is None else PerReplica.checked(strategy, batch_size, steps_per_epoch)
     if per_replica is None:
-        check_partial_batches(drop_last, steps_per_epoch)
+        check_partial_batches(drop_remainder=drop_last, steps_per_epoch=steps_per_epoch)
     feature_names, label_names = _names(feature_columns), _names(label_columns)
     if not feature_names:
         raise ValueError("feature_columns must name at least one column")

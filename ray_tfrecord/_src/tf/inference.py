@@ -158,7 +158,7 @@ def predict(
         ds: Input rows, e.g. from ``ray_tfrecord.read_tfrecords``.
         model_path: A ``.keras`` file written by Keras 3 or by ``tf-keras``
             (each is loaded by the Keras its ``metadata.json`` names;
-            :data:`ray_tfrecord._src.tf.train.MODEL_FILE` in a checkpoint is one), a
+            :data:`ray_tfrecord.tf.MODEL_FILE` in a checkpoint is one), a
             tf-keras ``.h5`` file or Keras SavedModel directory, or any TensorFlow
             SavedModel with a single-output ``serving_default`` signature; a
             string or path-like.

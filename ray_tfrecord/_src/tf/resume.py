@@ -107,7 +107,7 @@ class ResumableFeed:
             raise ValueError("the plan has no rows: plan_splits found only empty files")
         names = [features] if isinstance(features, str) else list(features)
         names += [label] if isinstance(label, str) else list(label)
-        available = plan.columns(include_paths)
+        available = plan.columns(include_paths=include_paths)
         for own in (WEIGHT_COLUMN, SEED_COLUMN):
             if own in available.names:
                 raise ValueError(f"the column name {own!r} is the feed's own column; rename the dataset's column")

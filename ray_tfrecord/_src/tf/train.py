@@ -54,7 +54,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import ray
 import ray.train
@@ -65,10 +65,7 @@ from ray.train.tensorflow import TensorflowTrainer
 from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 
-if TYPE_CHECKING:
-    from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
-
-__all__ = ["MODEL_FILE", "WORKER_ENV_VARS", "KerasVersionError", "ReportCheckpoint", "restore", "tensorflow_trainer"]
+__all__ = ["WORKER_ENV_VARS", "KerasVersionError", "tensorflow_trainer"]
 
 #: Environment every tf-keras (``keras=2``) training worker needs before it imports TensorFlow.
 WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}
@@ -79,13 +76,6 @@ _KERAS_ISSUE = "Keras 3 model.fit fails under MultiWorkerMirroredStrategy (keras
 class KerasVersionError(RuntimeError):
     """A training worker's ``tf.keras`` is not the Keras that ``tensorflow_trainer(keras=)`` asked for."""
 
-
-def __getattr__(name: str) -> Any:
-    # The checkpoint helpers import tf_keras; importing them lazily lets a worker without
-    # tf_keras unpickle the training function and get KerasVersionError, not an ImportError.
-    if name in ("MODEL_FILE", "ReportCheckpoint", "restore"):
-        return getattr(import_module("ray_tfrecord._src.tf.checkpoint"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # CPUs the cluster must keep free of training workers for the datasets' read
 # tasks: what one Ray Data read task asks for by default.
