@@ -9,12 +9,12 @@ Example::
 
     import ray
     from ray_tfrecord import read_tfrecords
-    from ray_tfrecord._src.tf.inference import inference
+    from ray_tfrecord.tf import inference
 
     ds = read_tfrecords("/data/digits/test")
     inference(ds, "/models/digits.keras", "/data/digits/predictions",
               features="pixels", key_columns=["id"], output_format="parquet",
-              checkpoint_path="/data/digits/predictions.checkpoint")
+              checkpoint_path="/data/digits/predictions.checkpoint", min_rows_per_file=10_000)
 
 With ``checkpoint_path`` (Ray 2.60's job checkpointing, keyed by the key column), a killed job run
 again skips the keys already written and writes every key exactly once.
