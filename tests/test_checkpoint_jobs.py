@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -138,14 +139,17 @@ def start_ray(num_cpus: int) -> None:
             ray.shutdown()
 
 
+def start_job_ray(checkpoint: str, num_cpus: int) -> None:
+    """:func:`start_ray` for a job's ``num_cpus`` tasks: on a rerun, Ray's CheckpointFilter actor holds
+    one CPU more (Ray reserves a whole CPU for it, so a rerun on a 1-CPU cluster would wait forever)."""
+    start_ray(num_cpus=num_cpus + (1 if os.path.isdir(checkpoint) and os.listdir(checkpoint) else 0))
+
+
 def job(src: str, out: str, checkpoint: str, options: dict) -> None:
     """A user's batch job: read ``src``, score, write ``out`` under a checkpoint."""
     from ray.data.checkpoint import CheckpointConfig
 
-    # ``num_cpus`` is for the job's tasks: on a rerun, Ray's CheckpointFilter actor holds one CPU more
-    # (Ray reserves a whole CPU for it, so a rerun on a 1-CPU cluster would wait forever).
-    cpus = options.pop("num_cpus") + (1 if os.path.isdir(checkpoint) and os.listdir(checkpoint) else 0)
-    start_ray(num_cpus=cpus)
+    start_job_ray(checkpoint, options.pop("num_cpus"))
     ctx = DataContext.get_current()
     ctx.target_max_block_size = BLOCK_BYTES
     ctx.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=checkpoint)
@@ -169,16 +173,25 @@ def run_job(tmp_path: Path, options: dict, *, fault: str | None = None, timeout:
     if fault:
         options = {**options, "fault": fault, "marker": str(marker)}
     args = [str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "checkpoint"), options]
-    code = "import json, sys; from tests.test_checkpoint_jobs import job; job(*json.loads(sys.argv[1]))"
+    return run_driver("tests.test_checkpoint_jobs", "job", args, kill_when=marker.exists if fault else None,
+                      what=repr(fault), timeout=timeout)
+
+
+def run_driver(module: str, function: str, args: list, *, kill_when: Callable[[], bool] | None = None,
+               what: str = "", timeout: float = 240) -> dict | None:
+    """Run ``module.function(*args)`` as its own driver, in its own process session and local Ray. With
+    ``kill_when``, SIGKILL the driver's process group once it holds (returns ``None``; ``what`` names the
+    point in the failure message); else return the JSON the driver printed after ``RESULT ``."""
+    code = f"import json, sys; from {module} import {function}; {function}(*json.loads(sys.argv[1]))"
     env = {**os.environ, "RAY_ADDRESS": "local"}
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, start_new_session=True,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        if fault:
+        if kill_when is not None:
             deadline = time.monotonic() + timeout
-            while not marker.exists():
-                assert proc.poll() is None, f"the job ended before reaching {fault!r}:\n{proc.stdout.read()[-3000:]}"
-                assert time.monotonic() < deadline, f"the job did not reach {fault!r} in {timeout}s"
+            while not kill_when():
+                assert proc.poll() is None, f"the job ended before reaching {what}:\n{proc.stdout.read()[-3000:]}"
+                assert time.monotonic() < deadline, f"the job did not reach {what} in {timeout}s"
                 time.sleep(0.1)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)

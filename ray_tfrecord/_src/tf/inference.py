@@ -9,12 +9,12 @@ Example::
 
     import ray
     from ray_tfrecord import read_tfrecords
-    from ray_tfrecord._src.tf.inference import inference
+    from ray_tfrecord.tf import inference
 
     ds = read_tfrecords("/data/digits/test")
     inference(ds, "/models/digits.keras", "/data/digits/predictions",
               features="pixels", key_columns=["id"], output_format="parquet",
-              checkpoint_path="/data/digits/predictions.checkpoint")
+              checkpoint_path="/data/digits/predictions.checkpoint", min_rows_per_file=10_000)
 
 With ``checkpoint_path`` (Ray 2.60's job checkpointing, keyed by the key column), a killed job run
 again skips the keys already written and writes every key exactly once.
@@ -232,6 +232,7 @@ def inference(
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     checkpoint_path: str | os.PathLike[str] | None = None,
+    min_rows_per_file: int | None = None,
 ) -> None:
     """Run :func:`predict` and write the keyed predictions to ``output_path``.
 
@@ -246,10 +247,20 @@ def inference(
     read (``read_tfrecords``, ``ray.data.read_parquet``, ...). ``mode`` applies to the first run of a
     checkpoint; its reruns add to what the earlier runs wrote. Ray deletes the checkpoint when the
     job succeeds. A location on storage every node sees (a path like ``output_path``).
+
+    ``min_rows_per_file`` (both formats, as in ``write_tfrecords`` and ``write_parquet``): a write
+    task gathers prediction batches until it holds at least this many rows and writes them to one
+    file. Under ``checkpoint_path`` it is also the step in which Ray records progress (a write task's
+    keys are recorded when it returns), so a killed job redoes at most about that many rows per
+    running write task. Without it, ``"tfrecord"`` output gathers rows by size (up to 128 MiB a
+    task: a small job is a single task, recorded only when it ends) and ``"parquet"`` writes a file
+    per block of predictions, as Ray's writers do.
     """
     mode = options.mode(mode)
     if output_format not in ("tfrecord", "parquet"):
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
+    if min_rows_per_file is not None and min_rows_per_file <= 0:
+        raise ValueError(f"min_rows_per_file must be positive, got {min_rows_per_file}")
     config = None
     if checkpoint_path is not None:
         config = _checkpoint_config(key_columns, os.fspath(checkpoint_path))
@@ -275,9 +286,9 @@ def inference(
             mode = "append"  # Ray's Parquet writer would apply mode again on a rerun, deleting or refusing
     try:
         if output_format == "tfrecord":
-            write_tfrecords(out, os.fspath(output_path), mode=mode)
+            write_tfrecords(out, os.fspath(output_path), mode=mode, min_rows_per_file=min_rows_per_file)
         else:
-            out.write_parquet(os.fspath(output_path), mode=SaveMode(mode))
+            out.write_parquet(os.fspath(output_path), mode=SaveMode(mode), min_rows_per_file=min_rows_per_file)
     finally:
         if config is not None:
             context.checkpoint_config = saved
