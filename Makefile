@@ -51,7 +51,7 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_cli.py tests/test_feed.py tests/test_inference.py tests/test_train.py \
 	tests/test_decimals.py tests/test_globs.py tests/test_decoder.py tests/test_encoder.py tests/test_commit.py tests/test_contract.py \
 	tests/test_other_writers.py tests/test_keras3.py tests/test_checkpoint_jobs.py tests/test_elastic.py \
-	tests/test_tf_import.py tests/test_plan_scale.py
+	tests/test_tf_import.py tests/test_plan_scale.py tests/test_inference_resume.py
 
 $(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
 	test -x $(LOWEST_BIN)/python || $(LOWEST_PY) -m venv $(LOWEST_VENV)
