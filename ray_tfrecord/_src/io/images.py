@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from ray_tfrecord._src.core.errors import DecodeError
-from ray_tfrecord._src.io.order import SEED_COLUMN
+from ray_tfrecord._src.io.order import GOLDEN, SEED_COLUMN, splitmix64
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN
 
 __all__ = ["ImageError", "ImageTransform", "crop_boxes", "decode_window", "row_seeds"]
@@ -65,7 +65,6 @@ ATTEMPTS = 10
 CROP_PADDING = 32
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # Uniforms a row draws: per try an area and an aspect, then x, y of the window and the flip.
 _DRAWS = 2 * ATTEMPTS + 3
 
@@ -74,18 +73,11 @@ class ImageError(DecodeError):
     """An encoded image that cannot be decoded: corrupt, truncated, empty, null or not an image."""
 
 
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser over uint64 (wrapping arithmetic), vectorised."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def _uniforms(seeds: np.ndarray, count: int) -> np.ndarray:
     """``count`` uniforms in [0, 1) per row, each a function of that row's seed only."""
     with np.errstate(over="ignore"):
-        steps = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
-        z = _splitmix64(seeds.astype(np.uint64)[:, None] + steps[None, :])
+        steps = np.arange(1, count + 1, dtype=np.uint64) * GOLDEN
+        z = splitmix64(seeds.astype(np.uint64)[:, None] + steps[None, :])
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -94,7 +86,7 @@ def row_seeds(values: list[Any], seed: int) -> np.ndarray:
     keys = np.array([(zlib.crc32(v) << 32) | (len(v) & 0xFFFFFFFF) if v is not None else 0 for v in values],
                     dtype=np.uint64)
     with np.errstate(over="ignore"):
-        return _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64) * _GOLDEN) ^ keys
+        return splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64) * GOLDEN) ^ keys
 
 
 def crop_boxes(seeds: np.ndarray | None, heights: np.ndarray, widths: np.ndarray,

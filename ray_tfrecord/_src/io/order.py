@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "SEED_COLUMN", "Assignment", "Piece", "Position", "assign", "epoch_pieces", "mix_blocks", "row_order", "row_seeds",
+    "GOLDEN", "SEED_COLUMN", "Assignment", "Piece", "Position", "assign", "epoch_pieces", "mix_blocks", "row_order",
+    "row_seeds", "splitmix64",
 ]
 
 #: The per-row seed column a resumable feed's transform receives (``pa.uint64``): :func:`row_seeds`.
@@ -72,10 +73,11 @@ def mix_blocks(splits: int, mix: int) -> list[tuple[int, ...]]:
     return [tuple(range(b, splits, count)) for b in range(count)]
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+#: SplitMix64's increment (2**64 / golden ratio): added between hashed parts, it keeps them apart.
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer: a bijection of uint64 that scatters nearby inputs (wrapping arithmetic)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -89,9 +91,9 @@ def row_seeds(seed: int, epoch: int, split: np.ndarray, row: np.ndarray) -> np.n
     with np.errstate(over="ignore"):
         key = np.zeros(1, np.uint64)
         for part in (seed, epoch):
-            key = _splitmix64(key + np.uint64(part & 0xFFFFFFFFFFFFFFFF) + _GOLDEN)
-        key = _splitmix64(key + split.astype(np.uint64) + _GOLDEN)
-        return _splitmix64(key + row.astype(np.uint64) + _GOLDEN)
+            key = splitmix64(key + np.uint64(part & 0xFFFFFFFFFFFFFFFF) + GOLDEN)
+        key = splitmix64(key + split.astype(np.uint64) + GOLDEN)
+        return splitmix64(key + row.astype(np.uint64) + GOLDEN)
 
 
 def _rows(pieces: Sequence[Piece]) -> int:
