@@ -52,7 +52,7 @@ from ray_tfrecord._src.core.errors import DecodeError
 from ray_tfrecord._src.io.order import GOLDEN, SEED_COLUMN, splitmix64
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN
 
-__all__ = ["ImageError", "ImageTransform", "crop_boxes", "decode_window", "row_seeds"]
+__all__ = ["ImageError", "ImageTransform", "crop_boxes", "content_seeds", "decode_window"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _uniforms(seeds: np.ndarray, count: int) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def row_seeds(values: list[Any], seed: int) -> np.ndarray:
+def content_seeds(values: list[Any], seed: int) -> np.ndarray:
     """The seeds of rows without a ``__seed__`` column: ``seed`` mixed with each value's CRC-32 and length."""
     keys = np.array([(zlib.crc32(v) << 32) | (len(v) & 0xFFFFFFFF) if v is not None else 0 for v in values],
                     dtype=np.uint64)
@@ -215,7 +215,7 @@ class ImageTransform:
             return table.column(SEED_COLUMN).to_numpy().astype(np.uint64, copy=False)
         if self.seed is None:
             return np.random.default_rng().integers(0, 2**64, len(values), dtype=np.uint64)
-        return row_seeds(values, self.seed)
+        return content_seeds(values, self.seed)
 
     def _decode(self, values: list[Any], seeds: np.ndarray | None) -> tuple[np.ndarray, dict[int, str]]:
         images = np.zeros((len(values), *self.size, self.channels), np.uint8)
