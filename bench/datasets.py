@@ -85,22 +85,27 @@ class BenchContext:
         return sum(os.path.getsize(f) for f in self.files(dataset))
 
     def repeated(self, dataset: str, passes: int) -> list[str]:
-        """The dataset's files ``passes`` times over, under distinct names (hard links): a
-        reader given one path twice may read it once (ray_tfrecord does), so a repeated list
-        of the same paths would time less data than it claims."""
-        files, out = self.files(dataset), []
-        for k in range(passes):
-            d = Path(self.tmp) / "passes" / dataset / f"{k:02d}"
-            d.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                link = d / Path(f).name
-                if not link.exists():
-                    try:
-                        os.link(f, link)
-                    except OSError:  # a filesystem without hard links
-                        shutil.copyfile(f, link)
-                out.append(str(link))
-        return out
+        """The dataset's files ``passes`` times over, under distinct names (see :func:`repeated`)."""
+        return repeated(self.files(dataset), Path(self.tmp) / "passes" / dataset, passes)
+
+
+def repeated(files: list[str], directory: Path, passes: int) -> list[str]:
+    """``files`` ``passes`` times over, under distinct names (hard links in ``directory``): a reader
+    given one path twice may read it once (ray_tfrecord does), so a repeated list of the same paths
+    would time less data than it claims."""
+    out = []
+    for k in range(passes):
+        d = directory / f"{k:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            link = d / Path(f).name
+            if not link.exists():
+                try:
+                    os.link(f, link)
+                except OSError:  # a filesystem without hard links
+                    shutil.copyfile(f, link)
+            out.append(str(link))
+    return out
 
 
 def _write_with_tensorflow(table: pa.Table, directory: Path) -> None:

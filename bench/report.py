@@ -20,7 +20,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img"
 # The sections whose figures make the headline chart, in this order; others stay in the JSON only.
-HEADLINE = ["codec", "ray_io", "feed", "train drain", "train fit"]
+HEADLINE = ["codec", "ray_io", "feed", "train drain", "train fit", "images"]
 OURS_COLOR, REFERENCE_COLOR, PEER_COLOR = "#d9480f", "#ffa94d", "#868e96"
 
 
@@ -112,8 +112,9 @@ def _ours(impl: str) -> bool:
 
 
 def _reference(impl: str) -> bool:
-    """Our own codec outside Ray (ray_io's ceiling for every Ray read): neither ours-through-Ray nor a peer."""
-    return impl.startswith("in-process")
+    """A ceiling, neither ours-through-Ray nor a peer: our own codec outside Ray (ray_io's), or the
+    images section's limit line (one decoder thread's full decodes times the cores)."""
+    return impl.startswith("in-process") or impl == "limit"
 
 
 def _color(impl: str) -> str:
@@ -121,9 +122,9 @@ def _color(impl: str) -> str:
 
 
 def _operation(impl: str) -> tuple[str, str]:
-    """What a row measures, so each peer is compared with ours doing the same: writing or reading,
-    and the CPUs in the name's trailing parentheses ("(1 CPU)")."""
-    kind = "write" if any(w in impl.lower() for w in ("encode", "write")) else "read"
+    """What a row measures, so each peer is compared with ours doing the same: writing, reading or
+    feeding Keras ``fit`` (the images section's "-> fit" rows), and the CPUs in the name's trailing parentheses ("(1 CPU)")."""
+    kind = "write" if any(w in impl.lower() for w in ("encode", "write")) else "fit" if impl.endswith("-> fit") else "read"
     tag = impl.rsplit("(", 1)[1] if impl.endswith(")") and "CPU" in impl.rsplit("(", 1)[1] else ""
     return kind, tag
 
@@ -182,7 +183,7 @@ def draw(result: dict, path: Path) -> None:
         ax.set_xlim(min(rates) / 2, max(rates) * 10)
         ax.tick_params(axis="x", labelsize=8)
     m = result["machine"]
-    fig.suptitle(f"rows/s, log scale: ray_tfrecord (orange; light: its codec alone, no Ray) and its peers (grey), "
+    fig.suptitle(f"rows/s, log scale: ray_tfrecord (orange; light: a ceiling, its codec alone or one decoder thread x cores) and its peers (grey), "
                  f"same run, same files\n"
                  f"{result['date']}, {m['name']}: {m['cpus']} CPUs ({m['cpu']})\n{result['command']}",
                  fontsize=9, x=0.01, ha="left")

@@ -161,13 +161,13 @@ def _feeds(config: dict, set_name: str) -> dict:
     from ray_tfrecord._src.tf.resume import ResumableFeed
 
     if RESUMABLE in impls:
-        feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
+        feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features), label_columns=label,
                                          batch_size=BATCH).dataset()
     if STREAM_TRANSFORM in impls:
         feeds[STREAM_TRANSFORM] = tf_dataset(ray.train.get_dataset_shard(f"{set_name}_transformed"),
                                              feature_columns=_inputs(features), label_columns=label, batch_size=BATCH)
     if RESUMABLE_TRANSFORM in impls:
-        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], features=_inputs(features), label=label,
+        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features), label_columns=label,
                                                    batch_size=BATCH, transform=_preprocess).dataset()
     return feeds
 
@@ -447,7 +447,7 @@ def _mixing(ctx) -> list[dict]:
     for mix in (16, 1):
         counts = []
         for rank in range(2):
-            feed = ResumableFeed(plan, features="x", label="label", batch_size=MIX_BATCH, mix=mix, rank=rank,
+            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix, rank=rank,
                                  world_size=2)
             counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
         block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))

@@ -105,7 +105,7 @@ def elastic_loop(config):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    feed = ResumableFeed(config["plan"], features=["id", "x"], label="y", batch_size=BATCH, seed=5)
+    feed = ResumableFeed(config["plan"], feature_columns=["id", "x"], label_columns="y", batch_size=BATCH, seed=5)
     with strategy.scope():
         dense = tf.keras.layers.Dense(1)
         dense.build((None, 2))

@@ -346,7 +346,7 @@ def test_the_resumable_feed_augments_a_resumed_epoch_bit_for_bit_as_an_uninterru
                        split_bytes=300_000)
 
     def feed() -> ResumableFeed:
-        return ResumableFeed(plan, features=["image", "image/filename"], label=LABEL, batch_size=8, seed=3,
+        return ResumableFeed(plan, feature_columns=["image", "image/filename"], label_columns=LABEL, batch_size=8, seed=3,
                              rank=0, world_size=1, transform=ImageTransform(32, training=True))
 
     def rows(f: ResumableFeed, steps: int | None = None) -> dict[bytes, bytes]:

@@ -66,7 +66,7 @@ def test_predictions_match_the_model_row_for_row(ray_local, tmp_path, kind):
         path = str(tmp_path / "saved")
         tf.saved_model.save(model, path)
     ds = ray.data.from_arrow([table.slice(0, 50), table.slice(50)])
-    out = predict(ds, path, features="x", key_columns=["id"], batch_size=16, concurrency=2, num_cpus=0.5)
+    out = predict(ds, path, feature_columns="x", key_columns=["id"], batch_size=16, concurrency=2, num_cpus=0.5)
     got = out.to_arrow_refs()
     got = pa.concat_tables(ray.get(got)).sort_by("id")
     assert got.column_names == ["id", "prediction"]
@@ -89,7 +89,7 @@ def test_ragged_inputs_and_scalar_outputs(ray_local, tmp_path):
     out = predict(
         ray.data.from_arrow(table),
         str(tmp_path / "ragged_tf"),
-        features=["tokens", "x"],
+        feature_columns=["tokens", "x"],
         key_columns=["id", "tokens"],
         batch_size=32,
         num_cpus=0.5,
@@ -113,7 +113,7 @@ def test_inference_writes_one_row_per_input(ray_local, tmp_path, output_format):
     ds = ray_tfrecord.read_tfrecords(str(src), schema=schema)
     out = tmp_path / "out"
     inference(  # path-like paths
-        ds, Path(path), out, features="x", key_columns=["id"], output_format=output_format, batch_size=20, num_cpus=0.5
+        ds, Path(path), out, feature_columns="x", key_columns=["id"], output_format=output_format, batch_size=20, num_cpus=0.5
     )
     if output_format == "tfrecord":
         # Cross-check with TensorFlow's own reader, not ours.
@@ -133,7 +133,24 @@ def test_inference_writes_one_row_per_input(ray_local, tmp_path, output_format):
 
 def test_key_columns_are_required(ray_local):
     with pytest.raises(ValueError, match="key_columns"):
-        predict(ray.data.range(3), "unused.keras", features="id", key_columns=[])
+        predict(ray.data.range(3), "unused.keras", feature_columns="id", key_columns=[])
+
+
+def test_features_before_ray_s_name_still_works_and_names_its_successor(ray_local, tmp_path):
+    path = str(tmp_path / "model.keras")
+    _dense_model().save(path)
+    ds = ray.data.from_arrow(_table())
+    with pytest.warns(FutureWarning, match=r"^predict\(features=\) is deprecated and goes in 0\.2: pass "
+                      r"feature_columns= \(Ray's to_tf name\)$") as caught:
+        old = predict(ds, path, features="x", key_columns=["id"], num_cpus=0.5)
+    assert caught[0].filename == __file__
+    new = predict(ds, path, feature_columns="x", key_columns=["id"], num_cpus=0.5)
+    old, new = (pa.concat_tables(ray.get(d.to_arrow_refs())).sort_by("id") for d in (old, new))
+    assert old.num_rows == ROWS and old.equals(new)
+    with pytest.raises(TypeError, match="got both features= and feature_columns=; pass feature_columns= only"):
+        inference(ds, path, str(tmp_path / "out"), features="x", feature_columns="x", key_columns=["id"])
+    with pytest.raises(TypeError, match=r"^inference\(\) needs feature_columns=, the column\(s\) of the model's input$"):
+        inference(ds, path, str(tmp_path / "out"), key_columns=["id"])
 
 
 def test_no_deprecation_warnings_from_the_package_under_ray(ray_local, tmp_path):
@@ -154,7 +171,7 @@ def test_no_deprecation_warnings_from_the_package_under_ray(ray_local, tmp_path)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             inference(ray.data.from_arrow(table), str(tmp_path / "model.keras"), str(tmp_path / "out"),
-                      features="x", key_columns=["id"], output_format="parquet", concurrency=2, num_cpus=0.5)
+                      feature_columns="x", key_columns=["id"], output_format="parquet", concurrency=2, num_cpus=0.5)
     finally:
         ray_data_logger.removeHandler(handler)
     assert pq.read_table(tmp_path / "out").num_rows == ROWS
@@ -179,7 +196,7 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
     default = [0.5, -1.0, 2.0, 0.0, 1.0]
     schema = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 5))])
     ds = ray_tfrecord.read_tfrecords(records, schema=schema)
-    out = predict(ds, path, features="x", key_columns=["id"], defaults={"x": default}, batch_size=16, num_cpus=0.5)
+    out = predict(ds, path, feature_columns="x", key_columns=["id"], defaults={"x": default}, batch_size=16, num_cpus=0.5)
     got = pa.concat_tables(ray.get(out.to_arrow_refs())).sort_by("id")
     spec = {"id": tf.io.FixedLenFeature([], tf.int64),
             "x": tf.io.FixedLenFeature([5], tf.float32, default_value=default)}
@@ -189,7 +206,7 @@ def test_defaults_fill_absent_features_as_tensorflow_parses_them(ray_local, tmp_
     np.testing.assert_allclose(preds, model.predict(parsed["x"].numpy(), verbose=0), rtol=1e-5, atol=1e-6)
     # A default of the wrong shape is refused on the driver, before any actor loads the model.
     with pytest.raises(ray_tfrecord.SchemaError, match=r"column 'x': defaults=\{'x': \[0.0\]\}: it has shape \(1,\)"):
-        predict(ds, path, features="x", key_columns=["id"], defaults={"x": [0.0]})
+        predict(ds, path, feature_columns="x", key_columns=["id"], defaults={"x": [0.0]})
 
 
 def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
@@ -213,5 +230,5 @@ def test_each_keras_file_names_the_keras_that_wrote_it(tmp_path):
 
 def test_a_checkpointed_inference_needs_one_key_column(ray_local):
     with pytest.raises(ValueError, match="exactly one key column"):
-        inference(ray.data.range(3), "unused.keras", "/nonexistent", features="id", key_columns=["id", "id2"],
+        inference(ray.data.range(3), "unused.keras", "/nonexistent", feature_columns="id", key_columns=["id", "id2"],
                   checkpoint_path="/nonexistent-checkpoint")

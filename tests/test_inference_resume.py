@@ -81,7 +81,7 @@ def inference_job(src: str, model: str, out: str, checkpoint: str, output_format
     DataContext.get_current().wait_for_min_actors_s = 300
     ds = read_tfrecords(src, override_num_blocks=READ_TASKS).map_batches(slow_read, batch_size=None,
                                                                          batch_format="pyarrow")
-    inference(ds, model, out, features="x", key_columns=["key"], output_format=output_format, batch_size=125,
+    inference(ds, model, out, feature_columns="x", key_columns=["key"], output_format=output_format, batch_size=125,
               num_cpus=0.5, checkpoint_path=checkpoint, min_rows_per_file=ROWS_PER_WRITE)
     print("RESULT {}")
     ray.shutdown()

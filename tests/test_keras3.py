@@ -149,7 +149,7 @@ def test_custom_loop_across_workers_and_its_keras_file_serves_inference(ray_loca
     path = tmp_path / "model.keras"
     with result.checkpoint.as_directory() as checkpoint:
         path.write_bytes(open(os.path.join(checkpoint, "model.keras"), "rb").read())
-    got = predict(ray.data.from_arrow(table), path, features="pixels", key_columns=["id"], num_cpus=0.5).take_all()
+    got = predict(ray.data.from_arrow(table), path, feature_columns="pixels", key_columns=["id"], num_cpus=0.5).take_all()
     want = keras.saving.load_model(path).predict(np.stack(table.column("pixels").to_numpy(zero_copy_only=False)),
                                                  verbose=0)
     got = sorted(got, key=lambda row: row["id"])

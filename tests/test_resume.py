@@ -64,7 +64,7 @@ def _epoch(feeds: list[ResumableFeed], dataset=None) -> list[list[tuple[int, flo
 
 
 def _feeds(plan, world: int, seed: int = 3, batch_size: int = 16, **kw) -> list[ResumableFeed]:
-    return [ResumableFeed(plan, features="x", label="id", batch_size=batch_size, seed=seed, rank=r,
+    return [ResumableFeed(plan, feature_columns="x", label_columns="id", batch_size=batch_size, seed=seed, rank=r,
                           world_size=world, **kw) for r in range(world)]
 
 
@@ -237,7 +237,7 @@ def augment(batch: pa.Table) -> pa.Table:
 
 
 def _resumable(config) -> ResumableFeed:
-    return ResumableFeed(config["plan"], features=["id", "x", "noise"], label="y", batch_size=BATCH, seed=11,
+    return ResumableFeed(config["plan"], feature_columns=["id", "x", "noise"], label_columns="y", batch_size=BATCH, seed=11,
                          transform=augment)
 
 
@@ -399,7 +399,7 @@ def _trained_once_per_epoch(log_dir) -> None:
 
 def _uninterrupted(plan, world: int) -> dict[tuple[int, int], list[tuple[int, float]]]:
     """What each rank trains on, in order, in a run that nothing interrupts."""
-    feeds = [ResumableFeed(plan, features=["id", "x", "noise"], label="y", batch_size=BATCH, seed=11,
+    feeds = [ResumableFeed(plan, feature_columns=["id", "x", "noise"], label_columns="y", batch_size=BATCH, seed=11,
                            transform=augment, rank=r, world_size=world) for r in range(world)]
     rows = collections.defaultdict(list)
     for epoch in range(EPOCHS):

@@ -33,7 +33,7 @@ def by_label(ray_local, tmp_path_factory):
 
 
 def _labels_per_batch(plan, mix: int) -> list[int]:
-    feeds = [ResumableFeed(plan, features="id", label="label", batch_size=BATCH, seed=1, mix=mix, rank=r,
+    feeds = [ResumableFeed(plan, feature_columns="id", label_columns="label", batch_size=BATCH, seed=1, mix=mix, rank=r,
                            world_size=2) for r in range(2)]
     counts = []
     for feed in feeds:
@@ -53,7 +53,7 @@ def test_batches_of_a_dataset_partitioned_by_label_hold_nearly_every_label(by_la
 
 
 def test_partition_columns_and_paths_are_fed(by_label):
-    (feed,) = [ResumableFeed(by_label, features=["id", "path"], label="label", batch_size=BATCH, include_paths=True,
+    (feed,) = [ResumableFeed(by_label, feature_columns=["id", "path"], label_columns="label", batch_size=BATCH, include_paths=True,
                              rank=0, world_size=1)]
     seen = 0
     for x, labels, w in feed.dataset():
@@ -62,7 +62,7 @@ def test_partition_columns_and_paths_are_fed(by_label):
         seen += int(w.numpy().sum())
     assert seen == ROWS
     with pytest.raises(ValueError, match=r"columns \['path'\] are not in the dataset"):
-        ResumableFeed(by_label, features=["id", "path"], label="label", batch_size=BATCH, rank=0, world_size=1)
+        ResumableFeed(by_label, feature_columns=["id", "path"], label_columns="label", batch_size=BATCH, rank=0, world_size=1)
 
 
 @pytest.mark.parametrize(("splits", "mix"), [(1, 16), (10, 16), (37, 4), (40, 1)])

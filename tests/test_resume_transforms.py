@@ -39,7 +39,7 @@ def _rows(feed: ResumableFeed, steps: int | None = None, column: str = "noise") 
 
 def _feed(plan, world: int = 1, rank: int = 0, **kw) -> ResumableFeed:
     kw.setdefault("transform", augment)
-    return ResumableFeed(plan, features=["x", "noise"], label="id", batch_size=16, seed=5, rank=rank,
+    return ResumableFeed(plan, feature_columns=["x", "noise"], label_columns="id", batch_size=16, seed=5, rank=rank,
                          world_size=world, **kw)
 
 
@@ -70,7 +70,7 @@ def test_a_resumed_epoch_augments_each_row_as_an_uninterrupted_one(ray_local, pl
 
 
 def test_keep_drops_rows_by_weight_and_a_class_runs_on_an_actor_pool(ray_local, plan):
-    feed = ResumableFeed(plan, features=["x", "scaled"], label="id", batch_size=16, seed=5, rank=0, world_size=1,
+    feed = ResumableFeed(plan, feature_columns=["x", "scaled"], label_columns="id", batch_size=16, seed=5, rank=0, world_size=1,
                          transform=Scale, keep=lambda b: b["id"] % 3 > 0,
                          transform_options={"batch_format": "numpy", "concurrency": 1, "num_cpus": 0.25,
                                             "fn_constructor_kwargs": {"factor": 2.0}})
@@ -99,7 +99,7 @@ def _reversed(batch: pa.Table) -> pa.Table:
 ], ids=["row_count", "weight", "order"])
 def test_a_transform_that_breaks_the_rows_fails_before_the_first_batch(ray_local, plan, transform, message):
     with pytest.raises(TransformError, match=message):
-        ResumableFeed(plan, features="x", label="id", batch_size=16, rank=0, world_size=1,
+        ResumableFeed(plan, feature_columns="x", label_columns="id", batch_size=16, rank=0, world_size=1,
                       transform=transform).dataset()
 
 
@@ -111,3 +111,18 @@ def test_a_checkpoint_of_another_transform_is_refused(ray_local, plan, tmp_path)
                                          r"transform=tests\.test_resume_transforms\._reversed.*pass the same seed=, "
                                          r"mix=, transform=, keep= and plan"):
         other.load(str(tmp_path))
+
+
+def test_the_names_before_ray_s_still_work_and_name_their_successor(ray_local, plan):
+    with pytest.warns(FutureWarning) as caught:
+        old = ResumableFeed(plan, features=["x", "noise"], label="id", batch_size=16, seed=5, rank=0, world_size=1,
+                            transform=augment)
+    assert sorted(str(w.message) for w in caught if w.category is FutureWarning) == [
+        "ResumableFeed(features=) is deprecated and goes in 0.2: pass feature_columns= (Ray's to_tf name)",
+        "ResumableFeed(label=) is deprecated and goes in 0.2: pass label_columns= (Ray's to_tf name)"]
+    assert caught[0].filename == __file__
+    assert _rows(old, 3) == _rows(_feed(plan), 3)
+    with pytest.raises(TypeError, match="got both label= and label_columns=; pass label_columns= only"):
+        ResumableFeed(plan, feature_columns="x", label="id", label_columns="id", batch_size=16, rank=0, world_size=1)
+    with pytest.raises(TypeError, match=r"needs feature_columns= and label_columns="):
+        ResumableFeed(plan, feature_columns="x", batch_size=16, rank=0, world_size=1)

@@ -145,7 +145,7 @@ def main() -> None:
         test_ds,
         os.path.join(result.checkpoint.path, MODEL_FILE),
         predictions_dir,
-        features="pixels",
+        feature_columns="pixels",
         key_columns=["id", "label"],
         mode="overwrite",
         num_cpus=0.5,

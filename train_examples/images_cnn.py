@@ -94,7 +94,7 @@ def main() -> None:
     # The resumable feed: each epoch's order and each row's crop and flip come from (seed, epoch, row),
     # so a run resumed from a checkpoint (ReportCheckpoint under Ray Train) trains on the same images.
     plan = plan_splits(train_dir, schema=SCHEMA)
-    feed = ResumableFeed(plan, features="image", label=LABEL, batch_size=args.batch_size, seed=0,
+    feed = ResumableFeed(plan, feature_columns="image", label_columns=LABEL, batch_size=args.batch_size, seed=0,
                          transform=ImageTransform(args.size, training=True), transform_options={"batch_size": 64})
     # No pass past the last epoch: the feed starts reading the next epoch ahead, and none should be left
     # running when the script ends.
@@ -115,8 +115,9 @@ def main() -> None:
     images_per_s = sum(n for n, _ in steady) / sum(s for _, s in steady)
     print(f"trained {args.epochs} epochs, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
+    # batch_size=None: whole blocks, so Ray decodes inside the read task instead of in a task of its own.
     val = ray_tfrecord.read_tfrecords(val_dir, columns=["image/encoded", LABEL]).map_batches(
-        ImageTransform(args.size, training=False), batch_format="pyarrow")
+        ImageTransform(args.size, training=False), batch_format="pyarrow", batch_size=None)
     val_feed = tf_dataset(val, feature_columns="image", label_columns=LABEL, batch_size=args.batch_size,
                                        drop_last=False).map(lambda image, label: (image, _from_one(label)))
     _, accuracy = model.evaluate(val_feed, steps=-(-val_images // args.batch_size), verbose=0)

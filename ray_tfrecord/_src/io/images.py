@@ -164,7 +164,11 @@ class ImageTransform:
             trained on. ``skipped`` counts them in this process.
         threads: images of a batch decoded at once (the decoders release the GIL).
 
-    Use it with ``batch_format="pyarrow"``; a dict of numpy arrays works too.
+    Use it with ``batch_format="pyarrow"`` (a dict of numpy arrays works too) and, right after
+    ``read_tfrecords``, ``batch_size=None``: Ray then runs it inside the read task, where a batch size
+    would keep it in a task of its own and send every encoded block through the object store first
+    (on 2 CPUs, 960-1,000 images/s against 860-890 with ``batch_size=64``). A task then holds one
+    read block decoded: about 1.4x the block's encoded bytes for 224x224 crops of ImageNet-size JPEGs.
     """
 
     def __init__(self, size: int | tuple[int, int], *, training: bool, column: str = "image/encoded",

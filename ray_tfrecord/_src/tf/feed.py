@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -40,6 +39,7 @@ from ray.data import DataIterator, Dataset
 
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, decode_records
 from ray_tfrecord._src.core.types import single_chunk
+from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import PerReplica, check_partial_batches
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 from ray_tfrecord._src.tf.tensors import ColumnPlan, Tensor, arrow_schema, as_tensor, column_plans
@@ -54,6 +54,10 @@ _VAR_BYTES = 64
 
 # Row size from which a dense component is not worth copying into a shared buffer (see _Packing).
 _ALONE_ROW_BYTES = 256
+
+# tf_dataset's names before 0.2 -> (place, Ray to_tf's name for the same argument, its default).
+_RENAMED: renames.Table = {**renames.COLUMNS, "drop_remainder": (2, "drop_last", True),
+                           "ray_prefetch_batches": (3, "prefetch_batches", 2)}
 
 
 def _row_bytes(plan: ColumnPlan) -> int:
@@ -451,8 +455,8 @@ def tf_dataset(
         ``strategy``, a ``tf.distribute.DistributedDataset`` of the same
         elements, cut per replica, that repeats epoch after epoch.
     """
-    feature_columns, label_columns, drop_last, prefetch_batches = _renamed(
-        renamed, (feature_columns, label_columns, drop_last, prefetch_batches))
+    feature_columns, label_columns, drop_last, prefetch_batches = renames.renamed(
+        "tf_dataset", _RENAMED, renamed, (feature_columns, label_columns, drop_last, prefetch_batches))
     if feature_columns is None:
         raise TypeError("tf_dataset() needs feature_columns=, the column(s) of the model's input")
     if batch_size <= 0:
@@ -477,22 +481,3 @@ def tf_dataset(
     if per_replica is None:
         return feed.batches(batch_size, steps_per_epoch)
     return per_replica.distribute(feed.batches)
-
-
-# tf_dataset's names before 0.2 -> (place, Ray to_tf's name for the same argument, its default).
-_RENAMED = {"features": (0, "feature_columns", None), "label": (1, "label_columns", None),
-            "drop_remainder": (2, "drop_last", True), "ray_prefetch_batches": (3, "prefetch_batches", 2)}
-
-
-def _renamed(old: Mapping[str, Any], given: tuple[Any, ...]) -> tuple[Any, ...]:
-    values = list(given)
-    for name, value in old.items():
-        if name not in _RENAMED:
-            raise TypeError(f"tf_dataset() got an unexpected keyword argument {name!r}")
-        place, new, default = _RENAMED[name]
-        if values[place] != default:
-            raise TypeError(f"tf_dataset() got both {name}= and {new}=; pass {new}= only")
-        warnings.warn(f"tf_dataset({name}=) is deprecated and goes in 0.2: pass {new}= (Ray's to_tf name)",
-                      FutureWarning, stacklevel=3)
-        values[place] = value
-    return tuple(values)

@@ -13,7 +13,7 @@ Example::
 
     ds = read_tfrecords("/data/digits/test")
     inference(ds, "/models/digits.keras", "/data/digits/predictions",
-              features="pixels", key_columns=["id"], output_format="parquet",
+              feature_columns="pixels", key_columns=["id"], output_format="parquet",
               checkpoint_path="/data/digits/predictions.checkpoint", min_rows_per_file=10_000)
 
 With ``checkpoint_path`` (Ray 2.60's job checkpointing, keyed by the key column), a killed job run
@@ -36,6 +36,7 @@ from ray.data import Dataset
 from ray_tfrecord._src.core import options
 from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.io.datasink import SaveMode, write_tfrecords
+from ray_tfrecord._src.tf import renames
 
 __all__ = ["inference", "predict"]
 
@@ -122,7 +123,8 @@ class _Predictor:
             def call(inputs):
                 if not isinstance(inputs, dict):
                     if len(input_names) != 1:
-                        raise ValueError(f"{model_path}: serving signature takes {input_names}; pass them as features")
+                        raise ValueError(f"{model_path}: serving signature takes {input_names}; "
+                                         "pass them as feature_columns=")
                     inputs = {input_names[0]: inputs}
                 return signature(**inputs)[outputs[0]]
 
@@ -143,7 +145,7 @@ def predict(
     ds: Dataset,
     model_path: str | os.PathLike[str],
     *,
-    features: str | Sequence[str],
+    feature_columns: str | Sequence[str] | None = None,
     key_columns: Sequence[str],
     output_column: str = "prediction",
     defaults: Mapping[str, Any] | None = None,
@@ -151,6 +153,7 @@ def predict(
     concurrency: int = 1,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    **renamed: Any,
 ) -> Dataset:
     """Apply a saved model to every row of ``ds``; one output row per input row.
 
@@ -162,7 +165,7 @@ def predict(
             tf-keras ``.h5`` file or Keras SavedModel directory, or any TensorFlow
             SavedModel with a single-output ``serving_default`` signature; a
             string or path-like.
-        features: Model input column(s), converted as
+        feature_columns: Model input column(s), converted as
             :func:`ray_tfrecord._src.tf.feed.tf_dataset` does (one name: a tensor;
             several: a dict keyed by column, matching named model inputs).
         key_columns: Columns copied to the output so every prediction can be
@@ -181,6 +184,7 @@ def predict(
     Returns:
         A lazy dataset with ``key_columns`` and ``output_column``.
     """
+    (features,) = _features("predict", feature_columns, renamed)
     if not key_columns:
         raise ValueError("key_columns must name at least one column to key the predictions by")
     if output_column in key_columns:
@@ -204,6 +208,14 @@ def predict(
     )
 
 
+def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> tuple[Any]:
+    """``(feature_columns,)``, taking the pre-0.2 ``features=`` with a ``FutureWarning``."""
+    given = renames.renamed(function, renames.FEATURES, renamed, (feature_columns,), stacklevel=4)
+    if given[0] is None:
+        raise TypeError(f"{function}() needs feature_columns=, the column(s) of the model's input")
+    return given
+
+
 def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
     """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
     if not defaults:
@@ -221,7 +233,7 @@ def inference(
     model_path: str | os.PathLike[str],
     output_path: str | os.PathLike[str],
     *,
-    features: str | Sequence[str],
+    feature_columns: str | Sequence[str] | None = None,
     key_columns: Sequence[str],
     output_format: Literal["tfrecord", "parquet"] = "tfrecord",
     mode: options.Mode = "error",
@@ -233,6 +245,7 @@ def inference(
     num_gpus: float = 0.0,
     checkpoint_path: str | os.PathLike[str] | None = None,
     min_rows_per_file: int | None = None,
+    **renamed: Any,
 ) -> None:
     """Run :func:`predict` and write the keyed predictions to ``output_path``.
 
@@ -256,6 +269,7 @@ def inference(
     task: a small job is a single task, recorded only when it ends) and ``"parquet"`` writes a file
     per block of predictions, as Ray's writers do.
     """
+    (features,) = _features("inference", feature_columns, renamed)
     mode = options.mode(mode)
     if output_format not in ("tfrecord", "parquet"):
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
@@ -267,7 +281,7 @@ def inference(
     out = predict(
         ds,
         model_path,
-        features=features,
+        feature_columns=features,
         key_columns=key_columns,
         output_column=output_column,
         defaults=defaults,

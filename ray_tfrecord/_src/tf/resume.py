@@ -44,6 +44,7 @@ import tensorflow as tf
 from ray_tfrecord._src.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
 from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN, ClassTransform, FunctionTransform, TransformError, describe
+from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import worker_group
 from ray_tfrecord._src.tf.feed import table_batches
 from ray_tfrecord._src.tf.tensors import column_plans
@@ -64,8 +65,9 @@ class ResumableFeed:
     Args:
         plan: The dataset's splits (:func:`~ray_tfrecord._src.io.splits.plan_splits`, on the driver; the
             plan travels in ``train_loop_config``).  Every rank must get the same plan.
-        features, label: Column names, as for :func:`~ray_tfrecord._src.tf.feed.tf_dataset`; a label is
-            needed since elements carry sample weights.
+        feature_columns, label_columns: Column names, as for :func:`~ray_tfrecord._src.tf.feed.tf_dataset`;
+            a label is needed since elements carry sample weights. ``features=`` and ``label=`` work
+            until 0.2, with a ``FutureWarning``.
         batch_size: Rows per element from this rank (the global batch under
             ``MultiWorkerMirroredStrategy``, as for ``tf_dataset``).
         seed: Fixes every epoch's order: the same seed gives each rank the same rows in the same order.
@@ -95,12 +97,17 @@ class ResumableFeed:
     """
 
     def __init__(
-        self, plan: SplitPlan, *, features: str | Sequence[str], label: str | Sequence[str], batch_size: int,
+        self, plan: SplitPlan, *, feature_columns: str | Sequence[str] | None = None,
+        label_columns: str | Sequence[str] | None = None, batch_size: int,
         seed: int = 0, shuffle: bool = True, defaults: Mapping[str, Any] | None = None, rank: int | None = None,
         world_size: int | None = None, tf_prefetch: int = tf.data.AUTOTUNE, mix: int = 16,
         transform: Any = None, transform_options: Mapping[str, Any] | None = None, keep: Any = None,
-        include_paths: bool = False,
+        include_paths: bool = False, **renamed: Any,
     ) -> None:
+        features, label = renames.renamed("ResumableFeed", renames.COLUMNS, renamed, (feature_columns, label_columns))
+        if features is None or label is None:
+            raise TypeError("ResumableFeed() needs feature_columns= and label_columns= (elements carry a sample "
+                            "weight, so a label is needed)")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if plan.rows == 0:
