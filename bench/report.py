@@ -123,8 +123,12 @@ def _color(impl: str) -> str:
 
 def _operation(impl: str) -> tuple[str, str]:
     """What a row measures, so each peer is compared with ours doing the same: writing, reading or
-    feeding Keras ``fit`` (the images section's "-> fit" rows), and the CPUs in the name's trailing parentheses ("(1 CPU)")."""
-    kind = "write" if any(w in impl.lower() for w in ("encode", "write")) else "fit" if impl.endswith("-> fit") else "read"
+    feeding Keras ``fit`` (the images section's "-> fit" rows), and the CPUs in the name's trailing
+    parentheses ("(1 CPU)")."""
+    if any(w in impl.lower() for w in ("encode", "write")):
+        kind = "write"
+    else:
+        kind = "fit" if impl.endswith("-> fit") else "read"
     tag = impl.rsplit("(", 1)[1] if impl.endswith(")") and "CPU" in impl.rsplit("(", 1)[1] else ""
     return kind, tag
 
@@ -183,8 +187,8 @@ def draw(result: dict, path: Path) -> None:
         ax.set_xlim(min(rates) / 2, max(rates) * 10)
         ax.tick_params(axis="x", labelsize=8)
     m = result["machine"]
-    fig.suptitle(f"rows/s, log scale: ray_tfrecord (orange; light: a ceiling, its codec alone or one decoder thread x cores) and its peers (grey), "
-                 f"same run, same files\n"
+    fig.suptitle("rows/s, log scale: ray_tfrecord (orange; light: a ceiling, its codec alone or one decoder "
+                 "thread x cores) and its peers (grey), same run, same files\n"
                  f"{result['date']}, {m['name']}: {m['cpus']} CPUs ({m['cpu']})\n{result['command']}",
                  fontsize=9, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / sum(heights)))

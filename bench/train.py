@@ -161,14 +161,15 @@ def _feeds(config: dict, set_name: str) -> dict:
     from ray_tfrecord._src.tf.resume import ResumableFeed
 
     if RESUMABLE in impls:
-        feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features), label_columns=label,
-                                         batch_size=BATCH).dataset()
+        feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features),
+                                         label_columns=label, batch_size=BATCH).dataset()
     if STREAM_TRANSFORM in impls:
         feeds[STREAM_TRANSFORM] = tf_dataset(ray.train.get_dataset_shard(f"{set_name}_transformed"),
                                              feature_columns=_inputs(features), label_columns=label, batch_size=BATCH)
     if RESUMABLE_TRANSFORM in impls:
-        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features), label_columns=label,
-                                                   batch_size=BATCH, transform=_preprocess).dataset()
+        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features),
+                                                   label_columns=label, batch_size=BATCH,
+                                                   transform=_preprocess).dataset()
     return feeds
 
 
@@ -447,8 +448,8 @@ def _mixing(ctx) -> list[dict]:
     for mix in (16, 1):
         counts = []
         for rank in range(2):
-            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix, rank=rank,
-                                 world_size=2)
+            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix,
+                                 rank=rank, world_size=2)
             counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
         block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))
         results[f"ResumableFeed, mix={mix}"] = (counts, block * row_bytes)

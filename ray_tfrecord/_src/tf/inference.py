@@ -184,7 +184,7 @@ def predict(
     Returns:
         A lazy dataset with ``key_columns`` and ``output_column``.
     """
-    (features,) = _features("predict", feature_columns, renamed)
+    features = _features("predict", feature_columns, renamed)
     if not key_columns:
         raise ValueError("key_columns must name at least one column to key the predictions by")
     if output_column in key_columns:
@@ -208,12 +208,12 @@ def predict(
     )
 
 
-def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> tuple[Any]:
-    """``(feature_columns,)``, taking the pre-0.2 ``features=`` with a ``FutureWarning``."""
-    given = renames.renamed(function, renames.FEATURES, renamed, (feature_columns,), stacklevel=4)
-    if given[0] is None:
+def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> Any:
+    """``feature_columns``, or the pre-0.2 ``features=`` (with a ``FutureWarning``)."""
+    (features,) = renames.renamed(function, renames.FEATURES, renamed, (feature_columns,), stacklevel=4)
+    if features is None:
         raise TypeError(f"{function}() needs feature_columns=, the column(s) of the model's input")
-    return given
+    return features
 
 
 def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
@@ -269,7 +269,7 @@ def inference(
     task: a small job is a single task, recorded only when it ends) and ``"parquet"`` writes a file
     per block of predictions, as Ray's writers do.
     """
-    (features,) = _features("inference", feature_columns, renamed)
+    features = _features("inference", feature_columns, renamed)
     mode = options.mode(mode)
     if output_format not in ("tfrecord", "parquet"):
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")

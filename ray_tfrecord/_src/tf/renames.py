@@ -31,7 +31,7 @@ def renamed(function: str, table: Table, old: Mapping[str, Any], given: tuple[An
         if name not in table:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
         place, new, default = table[name]
-        if values[place] is not default and values[place] != default:
+        if values[place] != default:
             raise TypeError(f"{function}() got both {name}= and {new}=; pass {new}= only")
         warnings.warn(f"{function}({name}=) is deprecated and goes in 0.2: pass {new}= (Ray's to_tf name)",
                       FutureWarning, stacklevel=stacklevel)
