@@ -13,10 +13,6 @@ and feeds them these ways, side by side in the same workers:
   ``TensorSpec`` of each column (it cannot infer one for ``fixed_size_list``).
 - ``tf.data per worker``: each worker reads its share of the files with
   ``TFRecordDataset`` + ``tf.io.parse_example`` (no Ray Data).
-- ``ray_tfrecord ResumableFeed``: the same files planned into seeded, record-exact splits
-  (``plan_splits``), each rank reading its share in Ray Data tasks (``ResumableFeed``): the
-  feed that resumes mid-epoch. Its epochs hold every row once, so they carry up to a batch of
-  weight-0 padding per rank, which count in its rows/s as the rows it fed.
 - ``ray_tfrecord feed, strategy=`` (fit only): the same shard, ``tf_dataset(...,
   strategy=strategy, steps_per_epoch=...)``, which cuts per-replica batches itself so that
   Keras does not re-split every element.
@@ -75,27 +71,12 @@ RAY_ONLY = "Ray iter_batches, no TensorFlow"
 # Fit only: one batch held in memory and repeated for as many steps as a shard gives; no input
 # cost at all, so what Keras and the collectives allow, which caps every feed's fit.
 NO_INPUT = "one batch repeated in memory, no input"
-# Seeded, record-exact splits per rank, resumable mid-epoch.
-RESUMABLE = "ray_tfrecord ResumableFeed (resumable)"
-# The same preprocessing (_preprocess) in the streaming feed's Ray Data execution and in the resumable one's.
-STREAM_TRANSFORM = "ray_tfrecord feed + transform (map_batches)"
-RESUMABLE_TRANSFORM = "ray_tfrecord ResumableFeed + transform"
-# Each resumable row's peer in the same run: the streaming feed (tf_dataset on streaming_split).
-PEER = {RESUMABLE: OURS, RESUMABLE_TRANSFORM: STREAM_TRANSFORM}
 _ALL = (OURS, LATE, TO_TF, TF_DATA)
 SETS = {
-    "dense": ("tabular", ["embedding"], "label", (*_ALL, RESUMABLE, STREAM_TRANSFORM, RESUMABLE_TRANSFORM)),
-    "ragged": ("tabular", ["embedding", "ids"], "label", (OURS, LATE, TF_DATA, RESUMABLE)),
-    "image": ("image", ["pixels"], "label", (*_ALL, RESUMABLE)),
+    "dense": ("tabular", ["embedding"], "label", _ALL),
+    "ragged": ("tabular", ["embedding", "ids"], "label", (OURS, LATE, TF_DATA)),
+    "image": ("image", ["pixels"], "label", _ALL),
 }
-
-
-def _preprocess(batch: pa.Table) -> pa.Table:
-    """A typical row-wise preprocessing step, vectorised: the label rescaled."""
-    import pyarrow.compute as pc
-
-    index = batch.column_names.index("label")
-    return batch.set_column(index, "label", pc.multiply(batch.column("label"), 2))
 
 
 def _spec_of(t: pa.DataType):
@@ -158,22 +139,10 @@ def _feeds(config: dict, set_name: str) -> dict:
         .with_options(options)
     )
     feeds[TF_DATA] = per_worker
-    from ray_tfrecord._src.tf.resume import ResumableFeed
-
-    if RESUMABLE in impls:
-        feeds[RESUMABLE] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features),
-                                         label_columns=label, batch_size=BATCH).dataset()
-    if STREAM_TRANSFORM in impls:
-        feeds[STREAM_TRANSFORM] = tf_dataset(ray.train.get_dataset_shard(f"{set_name}_transformed"),
-                                             feature_columns=_inputs(features), label_columns=label, batch_size=BATCH)
-    if RESUMABLE_TRANSFORM in impls:
-        feeds[RESUMABLE_TRANSFORM] = ResumableFeed(config["plans"][dataset], feature_columns=_inputs(features),
-                                                   label_columns=label, batch_size=BATCH,
-                                                   transform=_preprocess).dataset()
     return feeds
 
 
-def _touch():
+def touch_step():
     import tensorflow as tf
 
     def total(t):
@@ -188,7 +157,7 @@ def _touch():
     return step
 
 
-def _drain(batches, consume) -> tuple[int, float, float]:
+def drain(batches, consume) -> tuple[int, float, float]:
     """Rows, seconds, and seconds until the first batch (Ray's per-epoch start-up, for Ray
     feeds); ``consume`` touches a batch and returns its row count."""
     start, rows, first = time.perf_counter(), 0, None
@@ -200,7 +169,7 @@ def _drain(batches, consume) -> tuple[int, float, float]:
     return rows, time.perf_counter() - start, first
 
 
-def _tensors(step):
+def tensors(step):
     """``_drain``'s consumer for a feed of ``(features, label)`` tensors."""
 
     def consume(batch) -> int:
@@ -211,7 +180,7 @@ def _tensors(step):
     return consume
 
 
-def _model(tf, features: list[str], element_spec):
+def keras_model(tf, features: list[str], element_spec):
     """One Dense layer over the dense inputs (and a ragged column's mean value)."""
 
     class Scaled(tf.keras.layers.Layer):
@@ -242,27 +211,27 @@ def _loop(config: dict) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()
-    step = _touch()
+    step = touch_step()
     results: dict[str, dict[str, list]] = {}
     for set_name in config["sets"]:
         _, features, label, _ = SETS[set_name]
         feeds = _feeds(config, set_name)
-        drains = {name: (lambda feed=feed: _drain(feed, _tensors(step))) for name, feed in feeds.items()}
+        drains = {name: (lambda feed=feed: drain(feed, tensors(step))) for name, feed in feeds.items()}
         shard = ray.train.get_dataset_shard(set_name)
         # Ray Data's delivery alone: the shard's Arrow batches, no tensor made.
-        drains[RAY_ONLY] = lambda: _drain(
+        drains[RAY_ONLY] = lambda: drain(
             shard.iter_batches(batch_size=BATCH, batch_format="pyarrow", drop_last=True), lambda b: b.num_rows
         )
         drained = {name: [] for name in drains}
-        for drain in drains.values():
+        for run in drains.values():
             barrier()
-            drain()
+            run()
         for _ in range(config["rounds"]):
-            for name, drain in drains.items():
+            for name, run in drains.items():
                 # Both ranks start together, so no feed's time holds the other rank's lag
                 # from the feed before (Ray's split waits for every rank to start an epoch).
                 barrier()
-                drained[name].append(drain())
+                drained[name].append(run())
         fitted = {}
         steps = drained[OURS][0][0] // BATCH
         # The batch comes from the per-worker files, not a Ray feed: abandoning a Ray epoch part
@@ -283,7 +252,7 @@ def _loop(config: dict) -> None:
             # The per-replica feed reads our feed's shard and rows; its element_spec is per replica.
             like = OURS if name == PER_REPLICA else name
             with strategy.scope():
-                model = _model(tf, features, fits[like].element_spec)
+                model = keras_model(tf, features, fits[like].element_spec)
             times: list[float] = []
 
             class Clock(tf.keras.callbacks.Callback):
@@ -321,21 +290,6 @@ def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, tuple[fl
     return out
 
 
-def _repeated_plan(ctx, name: str, links: list[str], schema: pa.Schema):
-    """The splits of ``links`` (the dataset's files, passes times over): the files are planned once
-    and their splits repeated under each link's name, not scanned once per link."""
-    import dataclasses
-
-    from ray_tfrecord._src.io.splits import plan_splits
-
-    plan = plan_splits(ctx.files(name), schema=schema)
-    by_file: dict[str, list] = {}
-    for split in plan.splits:
-        by_file.setdefault(os.path.basename(split.path), []).append(split)
-    splits = tuple(dataclasses.replace(s, path=link) for link in links for s in by_file.get(os.path.basename(link), []))
-    return dataclasses.replace(plan, splits=splits)
-
-
 def run(ctx) -> list[dict]:
     """Benchmark rows for ``bench/__main__.py``: every column set, drain and fit."""
     import ray
@@ -354,11 +308,8 @@ def run(ctx) -> list[dict]:
             files[dataset], schema=schemas[dataset], columns=[*features, label]
         )
         datasets[f"{set_name}_records"] = ray_tfrecord.read_tfrecords(files[dataset], record_type="ByteArray")
-        if STREAM_TRANSFORM in SETS[set_name][3]:
-            datasets[f"{set_name}_transformed"] = datasets[set_name].map_batches(_preprocess, batch_format="pyarrow")
     with tempfile.TemporaryDirectory() as out:
         config = {
-            "plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
             "sets": list(SETS),
             "files": files,
             "schemas": {k: s.serialize().to_pybytes() for k, s in schemas.items()},
@@ -380,7 +331,7 @@ def run(ctx) -> list[dict]:
                 per_rank.append(json.load(f))
     ray.shutdown()
 
-    rows = _mixing(ctx)
+    rows = []
     for set_name, (dataset, _, _, _) in SETS.items():
         n_rows = ctx.image_rows if dataset == "image" else ctx.tabular_rows
         bytes_per_row = ctx.bytes(dataset) / n_rows
@@ -388,19 +339,14 @@ def run(ctx) -> list[dict]:
             measured = _rates(per_rank, set_name, mode)
             rates = {impl: rate for impl, (rate, _) in measured.items()}
             best = max(rates[OURS], rates[LATE], rates.get(PER_REPLICA, 0.0))
-            # Each resumable feed right below its streaming peer.
-            order = [i for impl in measured if impl not in PEER
-                     for i in (impl, *(r for r, peer in PEER.items() if peer == impl and r in measured))]
-            for impl in order:
+            for impl in measured:
                 rate, first = measured[impl]
                 note = f"{WORKERS} workers, {mode}, global batch {BATCH}"
                 if first is not None:
                     note += f", first batch after {first:.2f}s"
                 if impl in (RAY_ONLY, NO_INPUT):
                     note += f"; ours reaches {best / rate:.0%} of it"
-                elif impl in PEER:
-                    note += f"; {rate / rates[PEER[impl]]:.2f}x {PEER[impl]} (the streaming feed), same run"
-                elif impl not in (OURS, LATE, PER_REPLICA, STREAM_TRANSFORM):
+                elif impl not in (OURS, LATE, PER_REPLICA):
                     note += f"; ours is {rates[OURS] / rate:.2f}x, {best / rate:.2f}x at best"
                 rows.append(
                     {
@@ -412,58 +358,4 @@ def run(ctx) -> list[dict]:
                         "note": note,
                     }
                 )
-    return rows
-
-
-MIX_ROWS, MIX_LABELS, MIX_BATCH, MIX_WIDTH = 100_000, 10, 256, 200
-
-
-def _mixing(ctx) -> list[dict]:
-    """Distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data (100,000
-    rows of ``MIX_WIDTH`` floats, 10 labels, a directory each), 2 ranks: the resumable feed with its
-    default ``mix``, with ``mix=1`` (a split's rows only), and tf.data's usual recipe (files shuffled,
-    ``interleave(cycle_length=4)``, ``shuffle(10_000)``).  Memory: the largest block a read task holds
-    decoded (``mix`` splits), as Arrow bytes."""
-    import glob
-
-    import numpy as np
-    import ray
-    import tensorflow as tf
-
-    import ray_tfrecord
-    from ray_tfrecord._src.io.order import mix_blocks
-    from ray_tfrecord._src.io.splits import plan_splits
-    from ray_tfrecord._src.tf.resume import ResumableFeed
-
-    path = os.path.join(ctx.tmp, "by_label")
-    ids = np.arange(MIX_ROWS)
-    x = pa.FixedSizeListArray.from_arrays(pa.array(np.random.default_rng(0).random(MIX_ROWS * MIX_WIDTH, np.float32)),
-                                          MIX_WIDTH)
-    if not os.path.exists(path):
-        ray_tfrecord.write_tfrecords(ray.data.from_arrow(pa.table({"label": ids % MIX_LABELS, "x": x})), path,
-                                     partition_cols=["label"])
-    plan = plan_splits(path)
-    row_bytes = MIX_WIDTH * 4 + 8
-    results = {}
-    for mix in (16, 1):
-        counts = []
-        for rank in range(2):
-            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix,
-                                 rank=rank, world_size=2)
-            counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
-        block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))
-        results[f"ResumableFeed, mix={mix}"] = (counts, block * row_bytes)
-    files = sorted(glob.glob(os.path.join(path, "label=*", "*.tfrecord")))
-    label_of = {f: int(f.split("label=")[1].split("/")[0]) for f in files}
-    # Each record stands for its file (its label), in the order the recipe reads records: no parsing needed.
-    per_file = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=0).interleave(
-        lambda f: tf.data.TFRecordDataset(f).map(lambda _: f), cycle_length=4).shuffle(10_000, seed=0).batch(MIX_BATCH)
-    counts = [len({label_of[f.decode()] for f in batch.numpy()}) for batch in per_file]
-    results["tf.data: files shuffled, interleave(4), shuffle(10_000)"] = (counts, 10_000 * row_bytes)
-    rows = []
-    for impl, (counts, memory) in results.items():
-        single = sum(c == 1 for c in counts) / len(counts)
-        rows.append({"bench": "train mixing", "dataset": f"{MIX_ROWS:,} rows, partition_cols=['label'], 10 labels",
-                     "impl": impl, "note": f"median {statistics.median(counts):g} distinct labels per {MIX_BATCH}-row "
-                     f"batch, {single:.0%} single-label; holds {memory / 2**20:.0f} MiB of rows decoded"})
     return rows

@@ -158,6 +158,19 @@ def test_a_file_changed_since_planning_is_named(ray_local, tmp_path):
 
 # --- the feed, without Ray Train ---------------------------------------------------------------------
 
+def test_padding_repeats_the_ranks_first_rows_with_weight_0(ray_local, tmp_path):
+    # 300 rows over 30 ranks: 10 a rank, one step of 32, so the padding cycles the share twice and a bit.
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    for rank in (0, 29):
+        feed = ResumableFeed(plan, feature_columns="x", label_columns="id", batch_size=32, seed=3, rank=rank,
+                             world_size=30)
+        (rows,) = _epoch([feed])
+        share = [i for i, w in rows[:10]]
+        assert [w for _, w in rows] == [1.0] * 10 + [0.0] * 22
+        assert [i for i, _ in rows[10:]] == (share * 3)[:22]
+        assert len(set(share)) == 10
+
+
 def test_the_same_seed_feeds_each_rank_the_same_rows_in_the_same_order(ray_local, tmp_path):
     plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
     first, again, other = _epoch(_feeds(plan, 2, seed=3)), _epoch(_feeds(plan, 2, seed=3)), _epoch(_feeds(plan, 2, 4))

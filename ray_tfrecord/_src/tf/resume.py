@@ -36,6 +36,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import ray
 import ray.train
@@ -266,7 +267,12 @@ class ResumableFeed:
                 yield table
 
     def _reads(self, position: Position, assignment: Assignment, take: int, fetch_rows: int) -> Iterator[pa.Table]:
-        weighted = assignment.pieces(self.rank, assignment.shares[0])
+        share = assignment.shares[self.rank]
+        # The padding repeats the share's first rows, which this pass has just fed: they are copied
+        # here, not read again (a block's decode per rank and epoch: make bench, resume section).
+        # A rank with no share pads from another rank's, which Ray Data reads.
+        weighted = [(p, 1.0) for p in share] if share else assignment.pieces(self.rank, assignment.shares[0])
+        padding = take * self.batch_size - sum(hi - lo for _, lo, hi in share) if share else 0
         if take < assignment.steps:  # the pass ends inside this epoch: only its first steps' rows
             kept, rows = [], take * self.batch_size
             for (split, lo, hi), weight in weighted:
@@ -287,8 +293,9 @@ class ResumableFeed:
         if checked:
             tables = self._transformed(tables, position.epoch)
         # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
-        return _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
-                                              prefetch_batches=2))
+        fed = _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
+                                             prefetch_batches=2))
+        return _padded(fed, padding, fetch_rows) if padding > 0 else fed
 
     def _transformed(self, tables: ray.data.Dataset, epoch: int) -> ray.data.Dataset:
         options = {"batch_format": "pyarrow", **self._transform_options}
@@ -310,6 +317,27 @@ def _unwrapped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
         if found is None:
             raise
         raise TransformError(found.group(1)) from None
+
+
+def _padded(tables: Iterable[pa.Table], rows: int, fetch_rows: int) -> Iterator[pa.Table]:
+    """``tables`` (a share, in fetches of ``fetch_rows`` rows but the last), then ``rows`` rows of
+    padding: the share's first rows over and over, with weight 0, in fetches of ``fetch_rows``."""
+    head: list[pa.Table] = []
+    kept = 0
+    held: list[pa.Table] = []  # the latest fetch: the last one is topped up with the padding
+    for table in tables:
+        if kept < rows:
+            head.append(table.slice(0, rows - kept))
+            kept += head[-1].num_rows
+        yield from held
+        held = [table]
+    first = pa.concat_tables(head)
+    index = first.schema.get_field_index(WEIGHT_COLUMN)
+    first = first.set_column(index, first.schema.field(index), pa.array(np.zeros(first.num_rows, np.float32)))
+    tail = pa.concat_tables([*held, *[first] * -(-rows // first.num_rows)])
+    tail = tail.slice(0, tail.num_rows - (first.num_rows * -(-rows // first.num_rows) - rows))
+    for start in range(0, tail.num_rows, fetch_rows):
+        yield tail.slice(start, fetch_rows)
 
 
 # Fetches of an epoch still to feed when the next epoch's execution starts: by then the current

@@ -1,0 +1,240 @@
+"""The resumable feed beside the streaming feed, and how its batches mix.
+
+Speed pairs, both feeds of a pair in the same ``TensorflowTrainer`` run (``WORKERS`` workers of
+``CPUS_PER_WORKER``, which leaves Ray Data a CPU for reading on a 2-core machine), over the same
+files (the benchmark files listed ``PASSES[dataset]`` times, as hard links):
+
+- ``streaming feed``: ``read_tfrecords`` -> ``get_dataset_shard`` -> ``tf_dataset``: Ray's
+  ``streaming_split``, whose epoch starts over after a failure;
+- ``ResumableFeed``: the same files planned into record-exact splits (``plan_splits``), each rank
+  reading its share in Ray Data tasks: the feed that resumes mid-epoch, every row once.
+
+for the dense tabular columns, the image rows, and the dense rows with the same transform
+(``map_batches`` before ``streaming_split``; ``transform=`` in the resumable feed, which reads every
+column for it, so the streaming side reads every column too).  Two modes: ``drain`` iterates each
+epoch and touches every tensor; ``fit`` is Keras ``fit`` of one Dense layer under
+``MultiWorkerMirroredStrategy``.
+
+A pair's feeds take turns in blocks, as a training run feeds them: one untimed epoch (tracing,
+start-up), then ``EPOCHS`` timed epochs of the same feed in a row, so the resumable feed's read of
+the next epoch, which starts while the current one ends, overlaps its own epochs only; its block is
+a new feed with ``run_until``, so that no read of it runs into the other feed's turn.  The turns
+alternate which feed goes first.  rows/s: the rows both ranks received (the resumable feed's
+weight-0 padding counts, as rows it fed) over the slower rank's seconds, median over ``ROUNDS``.
+
+Mixing: distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import pyarrow as pa
+
+from .train import drain, keras_model, tensors, touch_step
+
+WORKERS = 2
+CPUS_PER_WORKER = 0.5
+PASSES = {"tabular": 20, "image": 10}
+BATCH = 8192
+ROUNDS = 3
+EPOCHS = 2
+STREAM, RESUMABLE = "ray_tfrecord streaming feed (tf_dataset on streaming_split)", "ray_tfrecord ResumableFeed"
+# Pair -> (dataset, feature column, with the transform).
+PAIRS = {
+    "dense": ("tabular", "embedding", False),
+    "image": ("image", "pixels", False),
+    "dense_transformed": ("tabular", "embedding", True),
+}
+
+
+def preprocess(batch: pa.Table) -> pa.Table:
+    """A typical row-wise preprocessing step, vectorised: the label rescaled."""
+    import pyarrow.compute as pc
+
+    index = batch.column_names.index("label")
+    return batch.set_column(index, "label", pc.multiply(batch.column("label"), 2))
+
+
+def _timed_drains(dataset, step) -> list[tuple[int, float]]:
+    """``(rows, seconds)`` of each timed epoch, after the untimed first."""
+    epochs = [drain(dataset, tensors(step))[:2] for _ in range(1 + EPOCHS)]
+    return epochs[1:]
+
+
+def _timed_fit(dataset, feature: str, strategy, rows: int) -> list[tuple[int, float]]:
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = keras_model(tf, [feature], dataset.element_spec)
+    times: list[float] = []
+
+    class Clock(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            times.append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            times[-1] = time.perf_counter() - times[-1]
+
+    model.fit(dataset, epochs=1 + EPOCHS, callbacks=[Clock()], verbose=0)
+    return [(rows, t) for t in times[1:]]
+
+
+def _loop(config: dict) -> None:
+    import ray.train
+    import tensorflow as tf
+    from ray.train.collective import barrier
+
+    from ray_tfrecord.tf import ResumableFeed, tf_dataset
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    step = touch_step()
+    results: dict = {}
+    for pair, (dataset, feature, transformed) in PAIRS.items():
+        stream = tf_dataset(ray.train.get_dataset_shard(pair), feature_columns=feature, label_columns="label",
+                            batch_size=BATCH)
+
+        def resumable(dataset=dataset, feature=feature, transformed=transformed):
+            feed = ResumableFeed(config["plans"][dataset], feature_columns=feature, label_columns="label",
+                                 batch_size=BATCH, transform=preprocess if transformed else None)
+            feed.run_until(1 + EPOCHS)
+            return feed.dataset()
+
+        makers = {STREAM: lambda stream=stream: stream, RESUMABLE: resumable}
+        results[pair] = {mode: {impl: [] for impl in makers} for mode in ("drain", "fit")}
+        for mode in ("drain", "fit"):
+            for round_ in range(ROUNDS):
+                for impl in list(makers)[:: 1 if round_ % 2 == 0 else -1]:
+                    barrier()
+                    if mode == "drain":
+                        measured = _timed_drains(makers[impl](), step)
+                    else:
+                        rows = results[pair]["drain"][impl][0][0][0]
+                        measured = _timed_fit(makers[impl](), feature, strategy, rows)
+                    results[pair][mode][impl].append(measured)
+    rank = ray.train.get_context().get_world_rank()
+    with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def _rate(per_rank: list[dict], pair: str, mode: str, impl: str) -> float:
+    """Median over rounds of (rows of all ranks) / (the slower rank's seconds), timed epochs summed."""
+    rounds = zip(*(r[pair][mode][impl] for r in per_rank), strict=True)
+    return statistics.median(sum(n for epochs in rnd for n, _ in epochs) / max(sum(s for _, s in epochs)
+                                                                                for epochs in rnd)
+                             for rnd in rounds)
+
+
+def _repeated_plan(ctx, name: str, links: list[str], schema: pa.Schema):
+    """The splits of ``links`` (the dataset's files, passes times over): the files are planned once
+    and their splits repeated under each link's name, not scanned once per link."""
+    from ray_tfrecord.tf import plan_splits
+
+    plan = plan_splits(ctx.files(name), schema=schema)
+    by_file: dict[str, list] = {}
+    for split in plan.splits:
+        by_file.setdefault(os.path.basename(split.path), []).append(split)
+    splits = tuple(dataclasses.replace(s, path=link) for link in links for s in by_file.get(os.path.basename(link), []))
+    return dataclasses.replace(plan, splits=splits)
+
+
+def run(ctx) -> list[dict]:
+    """Benchmark rows for ``bench/__main__.py``: the speed pairs, then the mixing rows."""
+    import ray
+
+    import ray_tfrecord
+    from ray_tfrecord.tf import tensorflow_trainer
+
+    ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    schemas = {"tabular": ctx.tabular_schema, "image": ctx.image_schema}
+    files = {name: ctx.repeated(name, PASSES[name]) for name in schemas}
+    datasets = {}
+    for pair, (dataset, feature, transformed) in PAIRS.items():
+        read = ray_tfrecord.read_tfrecords(files[dataset], schema=schemas[dataset],
+                                           columns=None if transformed else [feature, "label"])
+        datasets[pair] = read.map_batches(preprocess, batch_format="pyarrow") if transformed else read
+    with tempfile.TemporaryDirectory() as out:
+        config = {"plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
+                  "out": out}
+        tensorflow_trainer(_loop, datasets=datasets, num_workers=WORKERS, cpus_per_worker=CPUS_PER_WORKER,
+                           train_loop_config=config, storage_path=os.path.join(ctx.tmp, "resume-runs")).fit()
+        per_rank = []
+        for rank in range(WORKERS):
+            with open(os.path.join(out, f"rank{rank}.json")) as f:
+                per_rank.append(json.load(f))
+    ray.shutdown()
+
+    rows = []
+    for pair, (dataset, _, transformed) in PAIRS.items():
+        n_rows = ctx.image_rows if dataset == "image" else ctx.tabular_rows
+        bytes_per_row = ctx.bytes(dataset) / n_rows
+        for mode in ("drain", "fit"):
+            rates = {impl: _rate(per_rank, pair, mode, impl) for impl in (STREAM, RESUMABLE)}
+            for impl, rate in rates.items():
+                note = f"{WORKERS} workers, {mode}, global batch {BATCH}, {EPOCHS} epochs in a row"
+                if impl == RESUMABLE:
+                    note += f"; {rate / rates[STREAM]:.2f}x the streaming feed, same run"
+                rows.append({"bench": f"resume {mode}", "dataset": f"{dataset} ({pair})",
+                             "impl": impl + (" + transform" if transformed else ""), "rows_per_s": rate,
+                             "mb_per_s": rate * bytes_per_row / 1e6, "note": note})
+    return rows + _mixing(ctx)
+
+
+MIX_ROWS, MIX_LABELS, MIX_BATCH, MIX_WIDTH = 100_000, 10, 256, 200
+
+
+def _mixing(ctx) -> list[dict]:
+    """Distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data (100,000
+    rows of ``MIX_WIDTH`` floats, 10 labels, a directory each), 2 ranks: the resumable feed with its
+    default ``mix``, with ``mix=1`` (a split's rows only), and tf.data's usual recipe (files shuffled,
+    ``interleave(cycle_length=4)``, ``shuffle(10_000)``).  Memory: the largest block a read task holds
+    decoded (``mix`` splits), as Arrow bytes."""
+    import glob
+
+    import numpy as np
+    import ray
+    import tensorflow as tf
+
+    import ray_tfrecord
+    from ray_tfrecord._src.io.order import mix_blocks
+    from ray_tfrecord.tf import ResumableFeed, plan_splits
+
+    path = os.path.join(ctx.tmp, "by_label")
+    ids = np.arange(MIX_ROWS)
+    x = pa.FixedSizeListArray.from_arrays(pa.array(np.random.default_rng(0).random(MIX_ROWS * MIX_WIDTH, np.float32)),
+                                          MIX_WIDTH)
+    if not os.path.exists(path):
+        ray_tfrecord.write_tfrecords(ray.data.from_arrow(pa.table({"label": ids % MIX_LABELS, "x": x})), path,
+                                     partition_cols=["label"])
+    plan = plan_splits(path)
+    row_bytes = MIX_WIDTH * 4 + 8
+    results = {}
+    for mix in (16, 1):
+        counts = []
+        for rank in range(2):
+            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix,
+                                 rank=rank, world_size=2)
+            counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
+        block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))
+        results[f"ResumableFeed, mix={mix}"] = (counts, block * row_bytes)
+    files = sorted(glob.glob(os.path.join(path, "label=*", "*.tfrecord")))
+    label_of = {f: int(f.split("label=")[1].split("/")[0]) for f in files}
+    # Each record stands for its file (its label), in the order the recipe reads records: no parsing needed.
+    per_file = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=0).interleave(
+        lambda f: tf.data.TFRecordDataset(f).map(lambda _: f), cycle_length=4).shuffle(10_000, seed=0).batch(MIX_BATCH)
+    counts = [len({label_of[f.decode()] for f in batch.numpy()}) for batch in per_file]
+    results["tf.data: files shuffled, interleave(4), shuffle(10_000)"] = (counts, 10_000 * row_bytes)
+    rows = []
+    for impl, (counts, memory) in results.items():
+        single = sum(c == 1 for c in counts) / len(counts)
+        rows.append({"bench": "resume mixing", "dataset": f"{MIX_ROWS:,} rows, partition_cols=['label'], 10 labels",
+                     "impl": impl, "note": f"median {statistics.median(counts):g} distinct labels per {MIX_BATCH}-row "
+                     f"batch, {single:.0%} single-label; holds {memory / 2**20:.0f} MiB of rows decoded"})
+    return rows
