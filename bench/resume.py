@@ -153,6 +153,8 @@ def run(ctx) -> list[dict]:
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    # First, on the Ray started here: a second ray.init in this process once lost its raylet.
+    mixing = _mixing(ctx)
     schemas = {"tabular": ctx.tabular_schema, "image": ctx.image_schema}
     files = {name: ctx.repeated(name, PASSES[name]) for name in schemas}
     datasets = {}
@@ -184,7 +186,7 @@ def run(ctx) -> list[dict]:
                 rows.append({"bench": f"resume {mode}", "dataset": f"{dataset} ({pair})",
                              "impl": impl + (" + transform" if transformed else ""), "rows_per_s": rate,
                              "mb_per_s": rate * bytes_per_row / 1e6, "note": note})
-    return rows + _mixing(ctx)
+    return rows + mixing
 
 
 MIX_ROWS, MIX_LABELS, MIX_BATCH, MIX_WIDTH = 100_000, 10, 256, 200

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 import ray_tfrecord
 from ray_tfrecord._src.core.index import build_index, write_index
 from ray_tfrecord._src.io import indexing
-from ray_tfrecord._src.io.order import Position, assign, epoch_pieces
-from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.io.order import Position, assign, epoch_pieces, mix_blocks
+from ray_tfrecord._src.io.splits import plan_splits, read_pieces
 from ray_tfrecord._src.tf.resume import SEED_COLUMN, ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
@@ -154,6 +154,25 @@ def test_a_file_changed_since_planning_is_named(ray_local, tmp_path):
     (feed,) = _feeds(plan, 1)
     with pytest.raises(Exception, match="the file changed since plan_splits ran: plan again"):
         _epoch([feed])
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_piece_of_part_of_a_block_reads_its_rows_of_the_whole(tmp_path, shuffle):
+    # Part of a block (a share's edge, a resumed epoch) decodes only its records: the same rows,
+    # in the same order, with the same seeds as the whole block's read gives them.
+    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
+    blocks = tuple(mix_blocks(len(plan.splits), 4 if shuffle else 1))
+    rows = sum(plan.splits[i].rows for i in blocks[1])
+
+    def read(lo, hi):
+        (table,) = read_pieces(plan, [((1, lo, hi), 1.0)], blocks=blocks, epoch=2, seed=5, shuffle=shuffle,
+                               columns=("id", "x"), weight_column="w", seeds=True)
+        return table
+
+    whole = read(0, rows)
+    assert sorted(whole.column("id").to_pylist()) == sorted(set(whole.column("id").to_pylist()))
+    for lo, hi in ((0, 1), (3, rows - 2), (rows - 1, rows), (rows // 2, rows)):
+        assert read(lo, hi).equals(whole.slice(lo, hi - lo))
 
 
 # --- the feed, without Ray Train ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ adding a weight column; it runs inside Ray Data tasks.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -141,25 +141,37 @@ def _file_splits(file: DataFile, found: FileIndex, split_bytes: int) -> list[Spl
     return [Split(file.path, a, b, n, b - a) for a, b, n in found.index.split(split_bytes) if n]
 
 
-def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compression: Compression) -> pa.Table:
-    """Every record of ``split``, decoded, in file order."""
+def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compression: Compression,
+                 wanted: np.ndarray | None = None) -> pa.Table:
+    """The records of ``split`` numbered ``wanted`` (sorted; ``None``: every one), decoded, in file
+    order.  Every record is framed and checked; only the wanted ones are decoded."""
     if split.end is None:
         stream, found = open_stream(split.path, fs, compression)
-        try:
-            batches = [decode(c, schema) for c in iter_chunks(stream, path=split.path, compressed=bool(found),
-                                                               chunk_bytes=sizes.READ_CHUNK_BYTES)]
-        finally:
-            stream.close()
+        chunks = iter_chunks(stream, path=split.path, compressed=bool(found), chunk_bytes=sizes.READ_CHUNK_BYTES)
     else:
-        with fs.open_input_file(split.path) as f:
-            f.seek(split.start)
-            batches = [decode(c, schema) for c in iter_chunks(f, path=split.path, start=split.start, end=split.end,
-                                                               size=f.size(), chunk_bytes=sizes.READ_CHUNK_BYTES)]
-    table = pa.Table.from_batches(batches, schema=schema)
-    if table.num_rows != split.rows:
-        raise ValueError(f"{split.path}: {table.num_rows} records from offset {split.start} where the plan counted "
+        stream = fs.open_input_file(split.path)
+        stream.seek(split.start)
+        chunks = iter_chunks(stream, path=split.path, start=split.start, end=split.end, size=stream.size(),
+                             chunk_bytes=sizes.READ_CHUNK_BYTES)
+    batches, seen = [], 0
+    try:
+        for chunk in chunks:
+            if wanted is not None:
+                first, last = np.searchsorted(wanted, (seen, seen + len(chunk)))
+                keep = wanted[first:last] - seen
+                seen += len(chunk)
+                if not len(keep):
+                    continue
+                chunk = replace(chunk, positions=chunk.positions[keep], lengths=chunk.lengths[keep])
+            else:
+                seen += len(chunk)
+            batches.append(decode(chunk, schema))
+    finally:
+        stream.close()
+    if seen != split.rows:
+        raise ValueError(f"{split.path}: {seen} records from offset {split.start} where the plan counted "
                          f"{split.rows}; the file changed since plan_splits ran: plan again")
-    return table
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[Sequence[int]],
@@ -201,22 +213,30 @@ def read_pieces(
     partitions = dict(plan.partitions) if extra else {}
     for (index, lo, hi), weight in pieces:
         members = blocks[index]
-        parts = [_attached(partitions, plan.splits[i], _split_table(fs, plan.splits[i], schema, plan.compression),
-                           extra) for i in members]
+        counts = [plan.splits[i].rows for i in members]
+        starts = np.cumsum([0, *counts[:-1]])
+        rows = row_order(sum(counts), seed, epoch, index, shuffle=shuffle)[lo:hi]
+        # A piece of part of a block (a share's edge, a resumed epoch) decodes only its own records.
+        wanted = None if hi - lo == sum(counts) else np.sort(rows)
+        parts = []
+        for i, start, count in zip(members, starts, counts, strict=True):
+            mine = None if wanted is None else wanted[np.searchsorted(wanted, start):
+                                                      np.searchsorted(wanted, start + count)] - start
+            if mine is None or len(mine):
+                parts.append(_attached(partitions, plan.splits[i],
+                                       _split_table(fs, plan.splits[i], schema, plan.compression, mine), extra))
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        rows = row_order(table.num_rows, seed, epoch, index, shuffle=shuffle)[lo:hi]
         if shuffle:
+            # The decoded rows are in record order (all of them, or wanted's): put them in the piece's.
             # One chunk first: Arrow's take over a table of many chunks (one a decoded chunk of the
             # file) costs 6x the concatenation and a take over one (make bench, resume section).
-            table = table.combine_chunks().take(pa.array(rows))
-        elif lo or hi < table.num_rows:
-            table = table.slice(lo, hi - lo)
+            at = rows if wanted is None else np.searchsorted(wanted, rows)
+            table = table.combine_chunks().take(pa.array(at))
         table = table.append_column(pa.field(weight_column, pa.float32()),
                                     pa.array(np.full(hi - lo, weight, np.float32)))
         if seeds:
-            split = np.repeat(np.asarray(members, np.int64), [p.num_rows for p in parts])
-            starts = np.repeat(np.cumsum([0] + [p.num_rows for p in parts[:-1]]), [p.num_rows for p in parts])
-            record = np.arange(len(split)) - starts
+            split = np.repeat(np.asarray(members, np.int64), counts)
+            record = np.arange(len(split)) - np.repeat(starts, counts)
             table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
                                         pa.array(row_seeds(seed, epoch, split[rows], record[rows])))
         yield table
