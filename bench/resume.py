@@ -95,7 +95,8 @@ def _loop(config: dict) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     step = touch_step()
     results: dict = {}
-    for pair, (dataset, feature, transformed) in PAIRS.items():
+    for pair in config["pairs"]:
+        dataset, feature, transformed = PAIRS[pair]
         stream = tf_dataset(ray.train.get_dataset_shard(pair), feature_columns=feature, label_columns="label",
                             batch_size=BATCH)
 
@@ -164,7 +165,7 @@ def run(ctx) -> list[dict]:
         datasets[pair] = read.map_batches(preprocess, batch_format="pyarrow") if transformed else read
     with tempfile.TemporaryDirectory() as out:
         config = {"plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
-                  "out": out}
+                  "pairs": list(PAIRS), "out": out}
         tensorflow_trainer(_loop, datasets=datasets, num_workers=WORKERS, cpus_per_worker=CPUS_PER_WORKER,
                            train_loop_config=config, storage_path=os.path.join(ctx.tmp, "resume-runs")).fit()
         per_rank = []

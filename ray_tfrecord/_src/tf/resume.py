@@ -24,7 +24,7 @@ The reads run in Ray Data tasks, each a run of consecutive pieces of about 16 MB
 tensors as :func:`~ray_tfrecord._src.tf.feed.tf_dataset` makes them.  Every epoch is a new Ray Data
 execution, whose first batch takes seconds (``make bench --quick``: 1.5-1.8 s, most of a short
 epoch); since the next epoch's rows are known, its execution starts on a thread while the current
-epoch's last batches are fed, and a :meth:`ResumableFeed.load` that moves the position drops it.
+epoch's last quarter is fed, and a :meth:`ResumableFeed.load` that moves the position drops it.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class ResumableFeed:
 
     def _pass_tables(self, fetch_rows: int) -> Iterator[pa.Table]:
         """One pass, read by Ray Data in order, a Ray Data execution per epoch it takes steps of;
-        once no more than ``_AHEAD_FETCHES`` fetches of one are left, the next one starts reading."""
+        once a quarter of one is left (``_AHEAD_PART``), the next one starts reading."""
         segments = self._segments(self._next)
         self._current = segments
         self._next = (segments[-1][0].after(segments[-1][1], segments[-1][2], self.batch_size) if segments
@@ -262,7 +262,8 @@ class ResumableFeed:
             left = take * self.batch_size
             for table in tables:
                 left -= table.num_rows
-                if left <= _AHEAD_FETCHES * fetch_rows and self._ahead is None and i < len(following):
+                if left <= max(_AHEAD_FETCHES * fetch_rows, take * self.batch_size // _AHEAD_PART) \
+                        and self._ahead is None and i < len(following):
                     self._ahead = _Ahead((*following[i], fetch_rows), self._reads(*following[i], fetch_rows))
                 yield table
 
@@ -340,8 +341,12 @@ def _padded(tables: Iterable[pa.Table], rows: int, fetch_rows: int) -> Iterator[
         yield tail.slice(start, fetch_rows)
 
 
-# Fetches of an epoch still to feed when the next epoch's execution starts: by then the current
-# one has read (nearly) all its rows, so the two do not compete for the read tasks' CPUs.
+# The next epoch's execution starts once this part of the current one (or _AHEAD_FETCHES fetches, if
+# more) is left to feed: its start-up and first block's decode (a block is a sixth to a fifth of a
+# rank's epoch in make bench's resume section) then overlap the current epoch's end. At 2 fetches
+# left, the 2-worker drain ran at 0.83x the streaming feed; at a quarter, 0.91x; at half, 0.93x,
+# but Keras fit dropped to 0.77x, the two executions' reads competing with TensorFlow for the CPUs.
+_AHEAD_PART = 4
 _AHEAD_FETCHES = 2
 
 
