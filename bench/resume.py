@@ -1,7 +1,7 @@
 """The resumable feed beside the streaming feed, and how its batches mix.
 
-Speed pairs, both feeds of a pair in the same ``TensorflowTrainer`` run (``WORKERS`` workers of
-``CPUS_PER_WORKER``, which leaves Ray Data a CPU for reading on a 2-core machine), over the same
+Speed pairs, both feeds of a pair in the same ``TensorflowTrainer`` run (``train.WORKERS`` workers of
+``train.CPUS_PER_WORKER``, which leaves Ray Data a CPU for reading on a 2-core machine), over the same
 files (the benchmark files listed ``PASSES[dataset]`` times, as hard links):
 
 - ``streaming feed``: ``read_tfrecords`` -> ``get_dataset_shard`` -> ``tf_dataset``: Ray's
@@ -31,15 +31,11 @@ import dataclasses
 import json
 import os
 import statistics
-import tempfile
-import time
 
 import pyarrow as pa
 
-from .train import drain, keras_model, tensors, touch_step
+from .train import WORKERS, drain, fit_seconds, keras_model, run_workers, tensors, touch_step
 
-WORKERS = 2
-CPUS_PER_WORKER = 0.5
 PASSES = {"tabular": 20, "image": 10}
 BATCH = 8192
 ROUNDS = 3
@@ -72,16 +68,7 @@ def _timed_fit(dataset, feature: str, strategy, rows: int) -> list[tuple[int, fl
 
     with strategy.scope():
         model = keras_model(tf, [feature], dataset.element_spec)
-    times: list[float] = []
-
-    class Clock(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            times.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch, logs=None):
-            times[-1] = time.perf_counter() - times[-1]
-
-    model.fit(dataset, epochs=1 + EPOCHS, callbacks=[Clock()], verbose=0)
+    times = fit_seconds(model, dataset, 1 + EPOCHS)
     return [(rows, t) for t in times[1:]]
 
 
@@ -149,7 +136,6 @@ def run(ctx) -> list[dict]:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord.tf import tensorflow_trainer
 
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -163,15 +149,9 @@ def run(ctx) -> list[dict]:
         read = ray_tfrecord.read_tfrecords(files[dataset], schema=schemas[dataset],
                                            columns=None if transformed else [feature, "label"])
         datasets[pair] = read.map_batches(preprocess, batch_format="pyarrow") if transformed else read
-    with tempfile.TemporaryDirectory() as out:
-        config = {"plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
-                  "pairs": list(PAIRS), "out": out}
-        tensorflow_trainer(_loop, datasets=datasets, num_workers=WORKERS, cpus_per_worker=CPUS_PER_WORKER,
-                           train_loop_config=config, storage_path=os.path.join(ctx.tmp, "resume-runs")).fit()
-        per_rank = []
-        for rank in range(WORKERS):
-            with open(os.path.join(out, f"rank{rank}.json")) as f:
-                per_rank.append(json.load(f))
+    config = {"plans": {name: _repeated_plan(ctx, name, files[name], schemas[name]) for name in schemas},
+              "pairs": list(PAIRS)}
+    per_rank = run_workers(_loop, datasets, config, os.path.join(ctx.tmp, "resume-runs"))
     ray.shutdown()
 
     rows = []

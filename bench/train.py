@@ -180,6 +180,23 @@ def tensors(step):
     return consume
 
 
+def fit_seconds(model, dataset, epochs: int, **fit_options) -> list[float]:
+    """Keras ``fit`` of ``model`` on ``dataset`` for ``epochs`` epochs: each epoch's seconds."""
+    import tensorflow as tf
+
+    times: list[float] = []
+
+    class Clock(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            times.append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            times[-1] = time.perf_counter() - times[-1]
+
+    model.fit(dataset, epochs=epochs, callbacks=[Clock()], verbose=0, **fit_options)
+    return times
+
+
 def keras_model(tf, features: list[str], element_spec):
     """One Dense layer over the dense inputs (and a ragged column's mean value)."""
 
@@ -253,28 +270,29 @@ def _loop(config: dict) -> None:
             like = OURS if name == PER_REPLICA else name
             with strategy.scope():
                 model = keras_model(tf, features, fits[like].element_spec)
-            times: list[float] = []
-
-            class Clock(tf.keras.callbacks.Callback):
-                def on_epoch_begin(self, epoch, logs=None):
-                    times.append(time.perf_counter())
-
-                def on_epoch_end(self, epoch, logs=None):
-                    times[-1] = time.perf_counter() - times[-1]
-
             barrier()
-            model.fit(
-                feed,
-                epochs=1 + config["fit_epochs"],
-                steps_per_epoch=replica_steps if name == PER_REPLICA else None,
-                callbacks=[Clock()],
-                verbose=0,
-            )
+            times = fit_seconds(model, feed, 1 + config["fit_epochs"],
+                                steps_per_epoch=replica_steps if name == PER_REPLICA else None)
             rows = steps * BATCH if name == NO_INPUT else drained[like][0][0]
             fitted[name] = [(rows, t, None) for t in times[1:]]
         results[set_name] = {"drain": drained, "fit": fitted}
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def run_workers(loop, datasets: dict, config: dict, storage_path: str) -> list[dict]:
+    """``loop`` on ``WORKERS`` Ray Train workers of ``CPUS_PER_WORKER``; each rank writes its results
+    as JSON into ``config["out"]`` (a temporary directory): the ranks' results, by rank."""
+    from ray_tfrecord.tf import tensorflow_trainer
+
+    with tempfile.TemporaryDirectory() as out:
+        tensorflow_trainer(loop, datasets=datasets, num_workers=WORKERS, cpus_per_worker=CPUS_PER_WORKER,
+                           train_loop_config={**config, "out": out}, storage_path=storage_path).fit()
+        per_rank = []
+        for rank in range(WORKERS):
+            with open(os.path.join(out, f"rank{rank}.json")) as f:
+                per_rank.append(json.load(f))
+    return per_rank
 
 
 def _rates(per_rank: list[dict], set_name: str, mode: str) -> dict[str, tuple[float, float | None]]:
@@ -295,8 +313,6 @@ def run(ctx) -> list[dict]:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord._src.tf.train import tensorflow_trainer
-
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -308,27 +324,14 @@ def run(ctx) -> list[dict]:
             files[dataset], schema=schemas[dataset], columns=[*features, label]
         )
         datasets[f"{set_name}_records"] = ray_tfrecord.read_tfrecords(files[dataset], record_type="ByteArray")
-    with tempfile.TemporaryDirectory() as out:
-        config = {
-            "sets": list(SETS),
-            "files": files,
-            "schemas": {k: s.serialize().to_pybytes() for k, s in schemas.items()},
-            "rounds": ROUNDS,
-            "fit_epochs": FIT_EPOCHS,
-            "out": out,
-        }
-        tensorflow_trainer(
-            _loop,
-            datasets=datasets,
-            num_workers=WORKERS,
-            cpus_per_worker=CPUS_PER_WORKER,
-            train_loop_config=config,
-            storage_path=os.path.join(ctx.tmp, "train-runs"),
-        ).fit()
-        per_rank = []
-        for rank in range(WORKERS):
-            with open(os.path.join(out, f"rank{rank}.json")) as f:
-                per_rank.append(json.load(f))
+    config = {
+        "sets": list(SETS),
+        "files": files,
+        "schemas": {k: s.serialize().to_pybytes() for k, s in schemas.items()},
+        "rounds": ROUNDS,
+        "fit_epochs": FIT_EPOCHS,
+    }
+    per_rank = run_workers(_loop, datasets, config, os.path.join(ctx.tmp, "train-runs"))
     ray.shutdown()
 
     rows = []
