@@ -156,15 +156,13 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
     batches, seen = [], 0
     try:
         for chunk in chunks:
+            start, seen = seen, seen + len(chunk)
             if wanted is not None:
-                first, last = np.searchsorted(wanted, (seen, seen + len(chunk)))
-                keep = wanted[first:last] - seen
-                seen += len(chunk)
-                if not len(keep):
+                first, last = np.searchsorted(wanted, (start, seen))
+                if first == last:
                     continue
+                keep = wanted[first:last] - start
                 chunk = replace(chunk, positions=chunk.positions[keep], lengths=chunk.lengths[keep])
-            else:
-                seen += len(chunk)
             batches.append(decode(chunk, schema))
     finally:
         stream.close()
@@ -215,9 +213,10 @@ def read_pieces(
         members = blocks[index]
         counts = [plan.splits[i].rows for i in members]
         starts = np.cumsum([0, *counts[:-1]])
-        rows = row_order(sum(counts), seed, epoch, index, shuffle=shuffle)[lo:hi]
+        total = sum(counts)
+        rows = row_order(total, seed, epoch, index, shuffle=shuffle)[lo:hi]
         # A piece of part of a block (a share's edge, a resumed epoch) decodes only its own records.
-        wanted = None if hi - lo == sum(counts) else np.sort(rows)
+        wanted = None if hi - lo == total else np.sort(rows)
         parts = []
         for i, start, count in zip(members, starts, counts, strict=True):
             mine = None if wanted is None else wanted[np.searchsorted(wanted, start):

@@ -335,8 +335,8 @@ def _padded(tables: Iterable[pa.Table], rows: int, fetch_rows: int) -> Iterator[
     first = pa.concat_tables(head)
     index = first.schema.get_field_index(WEIGHT_COLUMN)
     first = first.set_column(index, first.schema.field(index), pa.array(np.zeros(first.num_rows, np.float32)))
-    tail = pa.concat_tables([*held, *[first] * -(-rows // first.num_rows)])
-    tail = tail.slice(0, tail.num_rows - (first.num_rows * -(-rows // first.num_rows) - rows))
+    padding = pa.concat_tables([first] * -(-rows // first.num_rows)).slice(0, rows)
+    tail = pa.concat_tables([*held, padding])
     for start in range(0, tail.num_rows, fetch_rows):
         yield tail.slice(start, fetch_rows)
 
