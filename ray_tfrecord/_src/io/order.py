@@ -127,11 +127,15 @@ class Assignment:
     steps: int  # every rank's step count
     batch_size: int
 
+    def padding(self, rank: int) -> int:
+        """Rows of weight-0 padding that fill rank ``rank``'s last step."""
+        return self.steps * self.batch_size - _rows(self.shares[rank])
+
     def pieces(self, rank: int, fallback: Sequence[Piece]) -> list[tuple[Piece, float]]:
         """Rank ``rank``'s pieces with their weight: its share (1.0), then padding (0.0) up to
         ``steps * batch_size`` rows, cycled from its share, or from ``fallback`` if it has none."""
         share = self.shares[rank]
-        missing = self.steps * self.batch_size - _rows(share)
+        missing = self.padding(rank)
         source = share or list(fallback)
         padding: list[Piece] = []
         while missing > 0:

@@ -273,7 +273,8 @@ class ResumableFeed:
         # here, not read again (a block's decode per rank and epoch: make bench, resume section).
         # A rank with no share pads from another rank's, which Ray Data reads.
         weighted = [(p, 1.0) for p in share] if share else assignment.pieces(self.rank, assignment.shares[0])
-        padding = take * self.batch_size - sum(hi - lo for _, lo, hi in share) if share else 0
+        # A pass that ends inside the epoch stops before the padding.
+        padding = assignment.padding(self.rank) if share and take == assignment.steps else 0
         if take < assignment.steps:  # the pass ends inside this epoch: only its first steps' rows
             kept, rows = [], take * self.batch_size
             for (split, lo, hi), weight in weighted:
