@@ -628,6 +628,25 @@ def test_wide_columns_travel_alone_and_arrive_intact(ray_local):
     np.testing.assert_array_equal(np.concatenate([y.numpy() for _, y in got]), want["label"].numpy())
 
 
+def test_a_wide_column_never_shares_a_buffer_with_another_dtype(ray_local):
+    """A wide int64 vector as the second component beside a float32 scalar: a packing group keyed by
+    the bare component number 1 met tf.float32 (DType 1 == 1) and carried the int64s as float32."""
+    rng = np.random.default_rng(5)
+    n = 30
+    table = pa.table({
+        "weight": pa.array(rng.random(n, np.float32)),
+        "ids": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(1 << 40, 1 << 50, n * 40)), 40),
+        "label": pa.array(rng.integers(0, 5, n)),
+    })
+    got = list(tf_dataset(ray.data.from_arrow(table), feature_columns=["weight", "ids"], label_columns="label",
+                          batch_size=n))
+    ((features, _),) = got
+    want = tensors_from_arrow(table)
+    assert features["ids"].dtype == tf.int64
+    np.testing.assert_array_equal(features["ids"].numpy(), want["ids"].numpy())
+    np.testing.assert_array_equal(features["weight"].numpy(), want["weight"].numpy())
+
+
 def test_nulls_inside_fixed_size_rows_are_not_offered_defaults():
     table = pa.table({"v": pa.array([[1.0, None], [2.0, 3.0]], pa.list_(pa.float32(), 2))})
     for defaults in (None, {"v": [0.0, 0.0]}):

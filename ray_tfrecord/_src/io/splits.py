@@ -229,7 +229,7 @@ def read_pieces(
             # The decoded rows are in record order (all of them, or wanted's): put them in the piece's.
             # One chunk first: Arrow's take over a table of many chunks (one a decoded chunk of the
             # file) costs 6x the concatenation and a take over one (make bench, resume section).
-            at = rows if wanted is None else np.searchsorted(wanted, rows)
+            at = rows if wanted is None else _ranks(wanted, rows, total)
             table = table.combine_chunks().take(pa.array(at))
         table = table.append_column(pa.field(weight_column, pa.float32()),
                                     pa.array(np.full(hi - lo, weight, np.float32)))
@@ -239,6 +239,14 @@ def read_pieces(
             table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
                                         pa.array(row_seeds(seed, epoch, split[rows], record[rows])))
         yield table
+
+
+def _ranks(wanted: np.ndarray, rows: np.ndarray, total: int) -> np.ndarray:
+    """Where each of ``rows`` is in ``wanted`` (the same numbers, sorted, all below ``total``): a
+    table lookup, not a binary search per row (a third of a partial block's shuffle, cache misses)."""
+    place = np.empty(total, np.int64)
+    place[wanted] = np.arange(len(wanted))
+    return place[rows]
 
 
 def _attached(partitions: dict[str, PartitionValues], split: Split, table: pa.Table,

@@ -52,8 +52,12 @@ _FETCH_ROWS = 4096
 _FETCH_BYTES = 16 << 20
 _VAR_BYTES = 64
 
-# Row size from which a dense component is not worth copying into a shared buffer (see _Packing).
-_ALONE_ROW_BYTES = 256
+# Row size from which a dense component is not worth copying into a shared buffer (see _Packing):
+# one more array through from_generator costs about 36 us of CPU, copying 1 MiB (8,192 rows of 32
+# float32s) 0.5 ms warm and twice that from Ray's object store, so from 32 bytes a row (a
+# 4,096-row fetch: 128 KiB) a component travels alone.  At 256, a resumable feed's float32 weight
+# dragged a 32-float column through a copy per fetch (make bench, resume section: 7% of a rank).
+_ALONE_ROW_BYTES = 32
 
 # tf_dataset's names before 0.2 -> (place, Ray to_tf's name for the same argument, its default).
 _RENAMED: renames.Table = {**renames.COLUMNS, "drop_remainder": (2, "drop_last", True),
@@ -164,8 +168,9 @@ class _Packing:
         self.plans = plans
         components = [spec for plan in plans.values() for spec in plan.component_specs]
         self.inner_shapes = [shape for shape, _ in components]
+        # Tagged keys: a DType compares equal to its enum number, so a bare index could join a dtype's group.
         groups = [
-            i if int(np.prod(shape)) * dtype.size >= _ALONE_ROW_BYTES else dtype
+            ("alone", i) if int(np.prod(shape)) * dtype.size >= _ALONE_ROW_BYTES else ("dtype", dtype)
             for i, (shape, dtype) in enumerate(components)
         ]
         keys = list(dict.fromkeys(groups))
