@@ -16,11 +16,15 @@ epoch and touches every tensor; ``fit`` is Keras ``fit`` of one Dense layer unde
 ``MultiWorkerMirroredStrategy``.
 
 A pair's feeds take turns in blocks, as a training run feeds them: one untimed epoch (tracing,
-start-up), then ``EPOCHS`` timed epochs of the same feed in a row, so the resumable feed's read of
-the next epoch, which starts while the current one ends, overlaps its own epochs only; its block is
+start-up), ``EPOCHS`` timed epochs of the same feed in a row, then one more untimed epoch.  The
+resumable feed reads an epoch's first blocks while the one before ends: the untimed epochs on each
+side make the timed ones read exactly their own rows' worth (the head of the first read before the
+timer, the head of the trailing one within it), as every epoch of a long run does; its block is
 a new feed with ``run_until``, so that no read of it runs into the other feed's turn.  The turns
 alternate which feed goes first.  rows/s: the rows both ranks received (the resumable feed's
-weight-0 padding counts, as rows it fed) over the slower rank's seconds, median over ``ROUNDS``.
+weight-0 padding counts, as rows it fed) over the wall-clock span from the first rank's start to
+the last rank's end of the timed epochs, median over ``ROUNDS``; a drain's epochs end with a
+barrier, as training's collectives keep the ranks in step.
 
 Mixing: distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data.
 """
@@ -31,6 +35,7 @@ import dataclasses
 import json
 import os
 import statistics
+import time
 
 import pyarrow as pa
 
@@ -57,19 +62,31 @@ def preprocess(batch: pa.Table) -> pa.Table:
     return batch.set_column(index, "label", pc.multiply(batch.column("label"), 2))
 
 
-def _timed_drains(dataset, step) -> list[tuple[int, float]]:
-    """``(rows, seconds)`` of each timed epoch, after the untimed first."""
-    epochs = [drain(dataset, tensors(step))[:2] for _ in range(1 + EPOCHS)]
-    return epochs[1:]
+def _timed_drains(dataset, step) -> list[tuple[int, float, float]]:
+    """``(rows, start, end)`` (wall clock) of each timed epoch, ended by a barrier: a drain has no
+    collective to keep the ranks in step, as training has, and without one a resumable feed's rank
+    can take the reading CPU for its next epochs while the other has not finished this one."""
+    from ray.train.collective import barrier
+
+    epochs = []
+    for _ in range(2 + EPOCHS):
+        start = time.time()
+        rows = drain(dataset, tensors(step))[0]
+        barrier()
+        epochs.append((rows, start, time.time()))
+    return epochs[1:-1]
 
 
-def _timed_fit(dataset, feature: str, strategy, rows: int) -> list[tuple[int, float]]:
+def _timed_fit(dataset, feature: str, strategy, rows: int) -> list[tuple[int, float, float]]:
+    """``(rows, start, end)`` (wall clock) of each timed epoch of one ``fit``."""
     import tensorflow as tf
 
     with strategy.scope():
         model = keras_model(tf, [feature], dataset.element_spec)
-    times = fit_seconds(model, dataset, 1 + EPOCHS)
-    return [(rows, t) for t in times[1:]]
+    times = fit_seconds(model, dataset, 2 + EPOCHS)
+    end = time.time() - times[-1]
+    ends = [end - sum(times[k + 1:-1]) for k in range(1, 1 + EPOCHS)]
+    return [(rows, e - t, e) for t, e in zip(times[1:-1], ends, strict=True)]
 
 
 def _loop(config: dict) -> None:
@@ -90,7 +107,7 @@ def _loop(config: dict) -> None:
         def resumable(dataset=dataset, feature=feature, transformed=transformed):
             feed = ResumableFeed(config["plans"][dataset], feature_columns=feature, label_columns="label",
                                  batch_size=BATCH, transform=preprocess if transformed else None)
-            feed.run_until(1 + EPOCHS)
+            feed.run_until(2 + EPOCHS)
             return feed.dataset()
 
         makers = {STREAM: lambda stream=stream: stream, RESUMABLE: resumable}
@@ -111,10 +128,12 @@ def _loop(config: dict) -> None:
 
 
 def _rate(per_rank: list[dict], pair: str, mode: str, impl: str) -> float:
-    """Median over rounds of (rows of all ranks) / (the slower rank's seconds), timed epochs summed."""
+    """Median over rounds of (rows of all ranks) / (first rank's start to last rank's end of the
+    timed epochs)."""
     rounds = zip(*(r[pair][mode][impl] for r in per_rank), strict=True)
-    return statistics.median(sum(n for epochs in rnd for n, _ in epochs) / max(sum(s for _, s in epochs)
-                                                                                for epochs in rnd)
+    return statistics.median(sum(n for epochs in rnd for n, _, _ in epochs)
+                             / (max(e for epochs in rnd for _, _, e in epochs)
+                                - min(s for epochs in rnd for _, s, _ in epochs))
                              for rnd in rounds)
 
 

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.codec import decode
+from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.framing import iter_chunks, open_stream
 from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.io import compat
@@ -36,7 +37,8 @@ from ray_tfrecord._src.io.read_tasks import PATH_COLUMN, Compression
 from ray_tfrecord._src.io.stored import StoredTuple
 
 __all__ = [
-    "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_pieces",
+    "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_group",
+    "read_pieces",
 ]
 
 #: A weighted piece: ``(piece, weight)``.
@@ -167,8 +169,8 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
     finally:
         stream.close()
     if seen != split.rows:
-        raise ValueError(f"{split.path}: {seen} records from offset {split.start} where the plan counted "
-                         f"{split.rows}; the file changed since plan_splits ran: plan again")
+        raise TFRecordError(f"{seen} records from here where the plan counted {split.rows}; the file changed "
+                            "since plan_splits ran: plan again", path=split.path, offset=split.start)
     return pa.Table.from_batches(batches, schema=schema)
 
 
@@ -277,7 +279,17 @@ class PieceReader:
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for group in batch.column("pieces").to_pylist():
-            pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
-            yield from read_pieces(self.plan, pieces, blocks=self.blocks, epoch=self.epoch, seed=self.seed,
-                                   shuffle=self.shuffle, columns=self.columns, weight_column=self.weight_column,
-                                   seeds=self.seeds)
+            yield from self.read(group)
+
+    def read(self, group: Sequence[Sequence[float]]) -> Iterator[pa.Table]:
+        """The rows of one group (``[block, lo, hi, weight]`` runs), a table per piece."""
+        pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
+        yield from read_pieces(self.plan, pieces, blocks=self.blocks, epoch=self.epoch, seed=self.seed,
+                               shuffle=self.shuffle, columns=self.columns, weight_column=self.weight_column,
+                               seeds=self.seeds)
+
+
+def read_group(reader: PieceReader, group: Sequence[Sequence[float]]) -> pa.Table:
+    """The body of a resumable feed's read task without a transform (a plain Ray task): one
+    group's rows as one table."""
+    return pa.concat_tables(list(reader.read(group)))

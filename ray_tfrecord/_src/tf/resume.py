@@ -20,11 +20,13 @@ rows, which fill the last step of a rank whose share is short (equal batches on 
 TensorFlow's collectives in step) and must not count: pass it as Keras's ``sample_weight`` (``fit``
 does, given a 3-tuple) or multiply a custom loop's per-row loss by it.
 
-The reads run in Ray Data tasks, each a run of consecutive pieces of about 16 MB, in order, and the Arrow batches become
-tensors as :func:`~ray_tfrecord._src.tf.feed.tf_dataset` makes them.  Every epoch is a new Ray Data
-execution, whose first batch takes seconds (``make bench --quick``: 1.5-1.8 s, most of a short
-epoch); since the next epoch's rows are known, its execution starts on a thread while the current
-epoch's last quarter is fed, and a :meth:`ResumableFeed.load` that moves the position drops it.
+The reads are Ray tasks, each a run of consecutive pieces of about 16 MB, fetched in order, and the
+Arrow batches become tensors as :func:`~ray_tfrecord._src.tf.feed.tf_dataset` makes them.  Without a
+transform they are plain tasks, ``_TASKS_AHEAD`` in flight beyond the one being fed; with one, each
+epoch is a Ray Data execution (``map_batches``, the transform's resources and actor pools), whose
+first batch takes seconds.  Since the next epoch's rows are known, its reads start on a thread while
+the current epoch's last quarter is fed, and a :meth:`ResumableFeed.load` that moves the position
+drops them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import json
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,9 +44,11 @@ import pyarrow as pa
 import ray
 import ray.train
 import tensorflow as tf
+from ray.exceptions import RayTaskError
 
 from ray_tfrecord._src.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
-from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces
+from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces, read_group
+from ray_tfrecord._src.io.task_errors import task_cause
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN, ClassTransform, FunctionTransform, TransformError, describe
 from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import worker_group
@@ -248,8 +253,8 @@ class ResumableFeed:
         return rows - rows % self.batch_size
 
     def _pass_tables(self, fetch_rows: int) -> Iterator[pa.Table]:
-        """One pass, read by Ray Data in order, a Ray Data execution per epoch it takes steps of;
-        once a quarter of one is left (``_AHEAD_PART``), the next one starts reading."""
+        """One pass, read in order, the reads of each epoch it takes steps of started apart; once a
+        quarter of one is left (``_AHEAD_PART``), the next one starts reading."""
         segments = self._segments(self._next)
         self._current = segments
         self._next = (segments[-1][0].after(segments[-1][1], segments[-1][2], self.batch_size) if segments
@@ -283,20 +288,22 @@ class ResumableFeed:
                 kept.append(((split, lo, min(hi, lo + rows)), weight))
                 rows -= hi - lo
             weighted = kept
-        groups = group_pieces(self.plan, weighted, self._blocks)
-        items = [{"pieces": [[s, lo, hi, w] for (s, lo, hi), w in group]} for group in groups]
-        reads = ray.data.from_items(items, override_num_blocks=len(items))
-        # The order is the position: Ray Data must hand the pieces out as listed.
-        reads.context.execution_options.preserve_order = True
+        groups = [[[s, lo, hi, w] for (s, lo, hi), w in group] for group in group_pieces(self.plan, weighted,
+                                                                                        self._blocks)]
         checked = self._transform is not None or self._keep is not None
         reader = PieceReader(self.plan, self._blocks, position.epoch, self.seed, self.shuffle, self._columns,
                              WEIGHT_COLUMN, seeds=checked)
-        tables = reads.map_batches(reader, batch_size=None, batch_format="pyarrow")
         if checked:
-            tables = self._transformed(tables, position.epoch)
-        # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
-        fed = _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
-                                             prefetch_batches=2))
+            reads = ray.data.from_items([{"pieces": g} for g in groups], override_num_blocks=len(groups))
+            # The order is the position: Ray Data must hand the pieces out as listed.
+            reads.context.execution_options.preserve_order = True
+            tables = self._transformed(reads.map_batches(reader, batch_size=None, batch_format="pyarrow"),
+                                       position.epoch)
+            # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
+            fed = _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
+                                                 prefetch_batches=2))
+        else:
+            fed = _rebatched(_task_reads(reader, groups), fetch_rows)
         return _padded(fed, padding, fetch_rows) if padding > 0 else fed
 
     def _transformed(self, tables: ray.data.Dataset, epoch: int) -> ray.data.Dataset:
@@ -307,6 +314,52 @@ class ResumableFeed:
                 "kwargs": options.pop("fn_constructor_kwargs", None) or {}}
             return tables.map_batches(ClassTransform, **options)
         return tables.map_batches(FunctionTransform(self._transform, self._keep, epoch), **options)
+
+
+# Read tasks of a pass without a transform in flight beyond the one being fed.
+_TASKS_AHEAD = 2
+_read_task = ray.remote(read_group)
+
+
+def _task_reads(reader: PieceReader, groups: Sequence[Any]) -> Iterator[pa.Table]:
+    """Each group's table, in order, from plain Ray tasks, ``_TASKS_AHEAD`` ahead of the one fed.
+    Without a transform a Ray Data execution per pass adds nothing but its scheduling loop, which
+    runs in the training process: make bench, resume section, 15% of a rank's CPU."""
+    shipped = ray.put(reader)
+    pending: deque[ray.ObjectRef] = deque()
+    for group in groups:
+        pending.append(_read_task.remote(shipped, group))
+        if len(pending) > _TASKS_AHEAD:
+            yield _fetched(pending.popleft())
+    while pending:
+        yield _fetched(pending.popleft())
+
+
+def _fetched(ref: ray.ObjectRef) -> pa.Table:
+    try:
+        return ray.get(ref)
+    except RayTaskError as error:  # a damaged file: raised as the reader raised it
+        cause = task_cause(error)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def _rebatched(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``tables`` cut and joined into tables of ``rows`` rows, the last one shorter."""
+    held: list[pa.Table] = []
+    have = 0
+    for table in tables:
+        while table.num_rows:
+            part = table.slice(0, rows - have)
+            held.append(part)
+            have += part.num_rows
+            table = table.slice(part.num_rows)
+            if have == rows:
+                yield held[0] if len(held) == 1 else pa.concat_tables(held)
+                held, have = [], 0
+    if held:
+        yield pa.concat_tables(held)
 
 
 def _unwrapped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
