@@ -23,7 +23,7 @@ from ray_tfrecord._src.core.index import build_index, write_index
 from ray_tfrecord._src.io import indexing
 from ray_tfrecord._src.io.order import Position, assign, epoch_pieces, mix_blocks
 from ray_tfrecord._src.io.splits import plan_splits, read_pieces
-from ray_tfrecord._src.tf.resume import SEED_COLUMN, ResumableFeed
+from ray_tfrecord._src.tf.resume import SEED_COLUMN, ResumableFeed, _rebatched
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -144,6 +144,35 @@ def test_splits_are_record_exact_with_an_index_a_scan_or_a_compressed_file(ray_l
             if weight:
                 seen[int(i)] = row
     assert seen == parsed
+
+
+def test_a_damaged_record_is_named_by_file_and_offset(ray_local, tmp_path):
+    """A CRC mismatch found in a read task reaches the loop as the reader's own error: file, offset."""
+    directory = _write_tf(tmp_path / "tf", files=1)
+    plan = plan_splits(directory, schema=SCHEMA)
+    path = os.path.join(directory, "part-0.tfrecord")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(data)
+    (feed,) = _feeds(plan, 1)
+    with pytest.raises(Exception, match=r"CorruptRecordError: \S+part-0.tfrecord, offset \d+: corrupted record: "
+                                        r"data CRC mismatch"):
+        _epoch([feed])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=8), st.integers(1, 16))
+def test_read_tables_are_cut_into_fetches_of_exactly_the_fetch_rows(sizes, rows):
+    """The plain read tasks' tables (any sizes, empty ones too) become fetches of ``rows`` rows but
+    the last, every row once and in order, as Ray's iter_batches cut them."""
+    starts = np.cumsum([0, *sizes])
+    tables = [pa.table({"i": np.arange(a, a + n)}) for a, n in zip(starts, sizes, strict=False)]
+    fetches = list(_rebatched(tables, rows))
+    assert all(t.num_rows == rows for t in fetches[:-1])
+    assert not fetches or 0 < fetches[-1].num_rows <= rows
+    got = [i for t in fetches for i in t.column("i").to_pylist()]
+    assert got == list(range(sum(sizes)))
 
 
 def test_a_file_changed_since_planning_is_named(ray_local, tmp_path):

@@ -32,7 +32,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
-from ray.exceptions import RayTaskError
 
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.errors import TFRecordError
@@ -51,7 +50,7 @@ from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.io.listing import DataFile
 from ray_tfrecord._src.io.planning import ProbeKind, probe_file
 from ray_tfrecord._src.io.read_tasks import Compression
-from ray_tfrecord._src.io.task_errors import from_task, task_cause
+from ray_tfrecord._src.io.task_errors import fetched, from_task
 
 __all__ = ["CACHE_DIR_ENV", "FileIndex", "cache_dir", "file_indexes"]
 
@@ -160,13 +159,8 @@ def _scan_all(fs: pafs.FileSystem, files: list[DataFile], compression: Compressi
     shipped = compat.pickleable_filesystem(fs)
     if ray.is_initialized():
         scan = ray.remote(_scan_group).options(num_cpus=1, scheduling_strategy="SPREAD")
-        try:
-            results = ray.get([scan.remote(shipped, group, compression, spacing_bytes) for group in groups])
-        except RayTaskError as error:  # a damaged file: raised here as the local scan raises it
-            cause = task_cause(error)
-            if cause is None:
-                raise
-            raise cause from None
+        # A damaged file: raised here as the local scan raises it.
+        results = fetched([scan.remote(shipped, group, compression, spacing_bytes) for group in groups])
     else:
         with ThreadPoolExecutor(_PROBE_THREADS) as pool:
             results = list(pool.map(lambda g: _scan_group(shipped, g, compression, spacing_bytes), groups))

@@ -8,11 +8,14 @@ itself (``write_tfrecords``, the CLI) takes the error back out of Ray's wrapper 
 
 from __future__ import annotations
 
+from typing import Any
+
+import ray
 from ray.exceptions import RayTaskError, UserCodeException
 
 from ray_tfrecord._src.core.errors import TFRecordError
 
-__all__ = ["from_task", "task_cause"]
+__all__ = ["fetched", "from_task", "task_cause"]
 
 
 # Ray formats an error raised in a task as the task's whole traceback, Ray Data's frames
@@ -63,3 +66,15 @@ def task_cause(error: BaseException) -> TFRecordError | None:
     if cause is error or not isinstance(cause, TFRecordError):
         return None
     return _rebuild(_BASES.get(type(cause), type(cause)), cause.__dict__, twin=False)
+
+
+def fetched(refs: Any) -> Any:
+    """``ray.get(refs)``, a task's ``TFRecordError`` raised as itself (:func:`task_cause`): for
+    callers that run their own tasks and hand the results on."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as error:
+        cause = task_cause(error)
+        if cause is None:
+            raise
+        raise cause from None

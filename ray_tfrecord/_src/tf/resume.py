@@ -44,11 +44,10 @@ import pyarrow as pa
 import ray
 import ray.train
 import tensorflow as tf
-from ray.exceptions import RayTaskError
 
 from ray_tfrecord._src.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
 from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces, read_group
-from ray_tfrecord._src.io.task_errors import task_cause
+from ray_tfrecord._src.io.task_errors import fetched
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN, ClassTransform, FunctionTransform, TransformError, describe
 from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import worker_group
@@ -330,19 +329,9 @@ def _task_reads(reader: PieceReader, groups: Sequence[Any]) -> Iterator[pa.Table
     for group in groups:
         pending.append(_read_task.remote(shipped, group))
         if len(pending) > _TASKS_AHEAD:
-            yield _fetched(pending.popleft())
+            yield fetched(pending.popleft())
     while pending:
-        yield _fetched(pending.popleft())
-
-
-def _fetched(ref: ray.ObjectRef) -> pa.Table:
-    try:
-        return ray.get(ref)
-    except RayTaskError as error:  # a damaged file: raised as the reader raised it
-        cause = task_cause(error)
-        if cause is None:
-            raise
-        raise cause from None
+        yield fetched(pending.popleft())
 
 
 def _rebatched(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
