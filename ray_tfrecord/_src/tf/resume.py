@@ -302,8 +302,9 @@ class ResumableFeed:
             fed = _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
                                                  prefetch_batches=2))
         else:
-            fed = _rebatched(_task_reads(reader, groups), fetch_rows)
-        return _padded(fed, padding, fetch_rows) if padding > 0 else fed
+            fed = _task_reads(reader, groups)
+        # Cut to fetches here, after the padding: the share's last fetch is topped up with it.
+        return _rebatched(_padded(fed, padding) if padding > 0 else fed, fetch_rows)
 
     def _transformed(self, tables: ray.data.Dataset, epoch: int) -> ray.data.Dataset:
         options = {"batch_format": "pyarrow", **self._transform_options}
@@ -363,32 +364,28 @@ def _unwrapped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
         raise TransformError(found.group(1)) from None
 
 
-def _padded(tables: Iterable[pa.Table], rows: int, fetch_rows: int) -> Iterator[pa.Table]:
-    """``tables`` (a share, in fetches of ``fetch_rows`` rows but the last), then ``rows`` rows of
-    padding: the share's first rows over and over, with weight 0, in fetches of ``fetch_rows``."""
+def _padded(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``tables`` (a share), then ``rows`` rows of padding: the share's first rows over and over,
+    with weight 0."""
     head: list[pa.Table] = []
     kept = 0
-    held: list[pa.Table] = []  # the latest fetch: the last one is topped up with the padding
     for table in tables:
         if kept < rows:
             head.append(table.slice(0, rows - kept))
             kept += head[-1].num_rows
-        yield from held
-        held = [table]
+        yield table
     first = pa.concat_tables(head)
     index = first.schema.get_field_index(WEIGHT_COLUMN)
     first = first.set_column(index, first.schema.field(index), pa.array(np.zeros(first.num_rows, np.float32)))
-    padding = pa.concat_tables([first] * -(-rows // first.num_rows)).slice(0, rows)
-    tail = pa.concat_tables([*held, padding])
-    for start in range(0, tail.num_rows, fetch_rows):
-        yield tail.slice(start, fetch_rows)
+    yield pa.concat_tables([first] * -(-rows // first.num_rows)).slice(0, rows)
 
 
-# The next epoch's execution starts once this part of the current one (or _AHEAD_FETCHES fetches, if
+# The next epoch's reads start once this part of the current one (or _AHEAD_FETCHES fetches, if
 # more) is left to feed: its start-up and first block's decode (a block is a sixth to a fifth of a
-# rank's epoch in make bench's resume section) then overlap the current epoch's end. At 2 fetches
-# left, the 2-worker drain ran at 0.83x the streaming feed; at a quarter, 0.91x; at half, 0.93x,
-# but Keras fit dropped to 0.77x, the two executions' reads competing with TensorFlow for the CPUs.
+# rank's epoch in make bench's resume section) then overlap the current epoch's end. Chosen while
+# the reads were a Ray Data execution: at 2 fetches left, the 2-worker drain ran at 0.83x the
+# streaming feed; at a quarter, 0.91x; at half, 0.93x, but Keras fit dropped to 0.77x, the two
+# executions' reads competing with TensorFlow for the CPUs.
 _AHEAD_PART = 4
 _AHEAD_FETCHES = 2
 
