@@ -275,7 +275,7 @@ class ResumableFeed:
         share = assignment.shares[self.rank]
         # The padding repeats the share's first rows, which this pass has just fed: they are copied
         # here, not read again (a block's decode per rank and epoch: make bench, resume section).
-        # A rank with no share pads from another rank's, which Ray Data reads.
+        # A rank with no share pads from another rank's, which its read tasks read.
         weighted = [(p, 1.0) for p in share] if share else assignment.pieces(self.rank, assignment.shares[0])
         # A pass that ends inside the epoch stops before the padding.
         padding = assignment.padding(self.rank) if share and take == assignment.steps else 0
@@ -324,7 +324,7 @@ _read_task = ray.remote(read_group)
 def _task_reads(reader: PieceReader, groups: Sequence[Any]) -> Iterator[pa.Table]:
     """Each group's table, in order, from plain Ray tasks, ``_TASKS_AHEAD`` ahead of the one fed.
     Without a transform a Ray Data execution per pass adds nothing but its scheduling loop, which
-    runs in the training process: make bench, resume section, 15% of a rank's CPU."""
+    runs in the training process: 15% of a rank's CPU (py-spy, make bench's resume setup)."""
     shipped = ray.put(reader)
     pending: deque[ray.ObjectRef] = deque()
     for group in groups:
