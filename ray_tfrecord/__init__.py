@@ -27,7 +27,14 @@ from ._src.core.codec import (
     decode_records,
     encode,
 )
-from ._src.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, SchemaError, TFRecordError
+from ._src.core.errors import (
+    CorruptRecordError,
+    DecodeError,
+    NotTFRecordError,
+    SchemaError,
+    StallError,
+    TFRecordError,
+)
 from ._src.core.framing import RecordWriter, iter_chunks, open_stream
 from ._src.core.schema import infer_schema
 
@@ -38,6 +45,7 @@ _LAZY = {
     "write_tfrecords": "._src.io.datasink",
     "TFRecordDatasink": "._src.io.datasink",
     "list_files": "._src.io.listing",
+    "set_stall_timeout": "._src.io.progress",
     "ImageTransform": "._src.io.images",
     "ImageError": "._src.io.images",
     # The resumable feed's columns and its transform's error: a transform running on a node without
@@ -52,7 +60,8 @@ _MOVED = {"tf_dataset": "ray_tfrecord.tf"}
 
 __all__ = [
     "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "Encoder",
-    "NotTFRecordError", "RecordType", "RecordWriter", "SchemaError", "TFRecordError", "check_encodable", "decode",
+    "NotTFRecordError", "RecordType", "RecordWriter", "SchemaError", "StallError", "TFRecordError", "check_encodable",
+    "decode",
     "decode_records", "encode", "infer_schema", "iter_chunks", "open_stream", *_LAZY,
 ]
 

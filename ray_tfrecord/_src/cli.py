@@ -33,7 +33,7 @@ import ray
 from ray.data import DataContext
 
 from ray_tfrecord._src.core import options, sizes
-from ray_tfrecord._src.core.errors import CorruptRecordError, TFRecordError
+from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFRecordError
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
 from ray_tfrecord._src.core.schema import read_stored_schema
@@ -343,7 +343,7 @@ def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
     except Exception as e:
         # One line, no traceback: the library's message names the file, offset and fix.
         error = task_cause(e) or e
-        if not isinstance(error, (ValueError, FileNotFoundError)):
+        if not isinstance(error, (ValueError, FileNotFoundError, StallError)):
             raise
         print(f"ray-tfrecord {args.command}: {_in_cli_terms(str(error), args.flags)}", file=sys.stderr)
         return 1 if isinstance(error, CorruptRecordError) else 2
@@ -355,6 +355,7 @@ def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
     the flags. The library's messages name the keyword only, so the CLI alone knows its flags."""
     for keyword, flag in flags.items():
         message = message.replace(f"{keyword}=True", flag)
+    message = re.sub(r"ray\.init\(num_cpus=(\d+)\)", r"--num-cpus \1", message)
     # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
     # ignore_missing_paths=True to skip it" for a glob that matches nothing.
     return re.sub(r", or pass \w+=True to [^;]*", "", message)

@@ -47,3 +47,9 @@ class DecodeError(TFRecordError):
 
 class SchemaError(TFRecordError):
     """A schema cannot be inferred or an Arrow type cannot be written as TFRecord."""
+
+
+class StallError(RuntimeError):
+    """A job that cannot make progress: the cluster cannot hold its actors and a task at once (raised
+    before the job starts), or nothing of it ran for ``set_stall_timeout``'s time (raised while it
+    runs). The message names what waits, for which resources, what holds them, and the fix."""

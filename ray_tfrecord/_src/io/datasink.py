@@ -36,7 +36,7 @@ from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, check_encodable
 from ray_tfrecord._src.core.errors import TFRecordError
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord._src.io.compat import SaveMode
 from ray_tfrecord._src.io.task_errors import from_task, task_cause
@@ -220,12 +220,9 @@ class TFRecordDatasink(_Base):
                     raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
                                      "each task's files by the name Ray gave the task; leave filename_provider out")
                 started = compat.checkpoint_started(config)
+                if started:
+                    progress.preflight("write_tfrecords", [progress.CHECKPOINT_FILTER])
                 self.commit.use_checkpoint(config.checkpoint_path, started=started)
-                cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 2
-                if started and cpus < 2:
-                    logger.warning("Ray's checkpoint filter holds one CPU for an actor while a checkpointed job runs "
-                                   "again, and this cluster has %s: the job's tasks may wait forever. Give Ray at "
-                                   "least 2 CPUs, e.g. ray.init(num_cpus=2)", cpus)
                 self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
             self._skips = self.commit.apply_mode()
             if self.commit.completed is not None:
@@ -410,7 +407,8 @@ def write_tfrecords(
     if known is not None and isinstance(known.base_schema, pa.Schema):
         sink.check_schema(known.base_schema)  # fail before computing anything
     try:
-        ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))
+        with progress.Watchdog("write_tfrecords", progress.checkpoint_holders(ds.context)):
+            ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.

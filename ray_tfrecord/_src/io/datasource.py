@@ -46,7 +46,7 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.schema import infer_schema, read_stored_schema
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.listing import Listing, list_files
 from ray_tfrecord._src.io.planning import (
     Shuffle,
@@ -449,6 +449,7 @@ def read_tfrecords(
         runtime_env=runtime_env, label_selector=label_selector, fallback_strategy=fallback_strategy,
         max_calls=max_calls, ray_remote_args=ray_remote_args,
     )
+    progress.preflight("read_tfrecords", [], task_cpus=progress.TASK_CPUS if num_cpus is None else num_cpus)
     return ray.data.read_datasource(datasource, **compat.ray_call_args(ray.data.read_datasource, given))
 
 

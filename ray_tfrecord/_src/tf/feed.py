@@ -39,6 +39,7 @@ from ray.data import DataIterator, Dataset
 
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, decode_records
 from ray_tfrecord._src.core.types import single_chunk
+from ray_tfrecord._src.io import progress
 from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import PerReplica, check_partial_batches
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
@@ -476,6 +477,7 @@ def tf_dataset(
         raise ValueError("feature_columns must name at least one column")
     if isinstance(source, Dataset):
         warn_constant_length_lists(source, feature_names)
+    progress.preflight("tf_dataset", [])
     iterator = source.iterator() if isinstance(source, Dataset) else source
     plans, decoding = _plans(iterator, feature_names + label_names, defaults, record_schema)
     feed = _Feed(

@@ -34,7 +34,7 @@ import ray
 from ray.data import Dataset
 
 from ray_tfrecord._src.core import options
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.datasink import SaveMode, write_tfrecords
 from ray_tfrecord._src.tf import renames
 
@@ -190,6 +190,9 @@ def predict(
     if output_column in key_columns:
         raise ValueError(f"output_column {output_column!r} clashes with a key column")
     _check_defaults(ds, features, defaults)
+    progress.preflight("predict", [_predictors(concurrency, num_cpus, num_gpus),
+                                   *progress.checkpoint_holders(ds.context)], fix="predict(num_cpus={cpus})",
+                       zero_ok=True)
     return ds.map_batches(
         _Predictor,
         fn_constructor_kwargs={
@@ -206,6 +209,10 @@ def predict(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
     )
+
+
+def _predictors(concurrency: int, num_cpus: float, num_gpus: float) -> progress.Holder:
+    return progress.Holder("predictor actors", concurrency, num_cpus, num_gpus)
 
 
 def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> Any:
@@ -276,8 +283,13 @@ def inference(
     if min_rows_per_file is not None and min_rows_per_file <= 0:
         raise ValueError(f"min_rows_per_file must be positive, got {min_rows_per_file}")
     config = None
+    holders = [_predictors(concurrency, num_cpus, num_gpus)]
     if checkpoint_path is not None:
         config = _checkpoint_config(key_columns, os.fspath(checkpoint_path))
+        if compat.checkpoint_started(config):
+            holders.append(progress.CHECKPOINT_FILTER)
+    fix = "inference(num_cpus={cpus})"
+    progress.preflight("inference", holders, fix=fix, zero_ok=True)
     out = predict(
         ds,
         model_path,
@@ -299,10 +311,11 @@ def inference(
         if output_format == "parquet" and compat.checkpoint_started(config):
             mode = "append"  # Ray's Parquet writer would apply mode again on a rerun, deleting or refusing
     try:
-        if output_format == "tfrecord":
-            write_tfrecords(out, os.fspath(output_path), mode=mode, min_rows_per_file=min_rows_per_file)
-        else:
-            out.write_parquet(os.fspath(output_path), mode=SaveMode(mode), min_rows_per_file=min_rows_per_file)
+        with progress.Watchdog("inference", holders, waiting="its read and map tasks", fix=fix):
+            if output_format == "tfrecord":
+                write_tfrecords(out, os.fspath(output_path), mode=mode, min_rows_per_file=min_rows_per_file)
+            else:
+                out.write_parquet(os.fspath(output_path), mode=SaveMode(mode), min_rows_per_file=min_rows_per_file)
     finally:
         if config is not None:
             context.checkpoint_config = saved

@@ -45,6 +45,7 @@ import ray
 import ray.train
 import tensorflow as tf
 
+from ray_tfrecord._src.io import progress
 from ray_tfrecord._src.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
 from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces, read_group
 from ray_tfrecord._src.io.task_errors import fetched
@@ -129,6 +130,8 @@ class ResumableFeed:
         if bad := [k for k in _OWN_OPTIONS if k in options]:
             raise ValueError(f"transform_options may not set {bad}: the feed passes the batch itself; use "
                              "fn_constructor_kwargs= for a class's arguments")
+        progress.preflight("ResumableFeed", _transform_holders(transform, options),
+                           fix="ResumableFeed(transform_options={{'num_cpus': {cpus}}})")
         self.plan, self.batch_size, self.seed, self.shuffle = plan, batch_size, seed, shuffle
         self.mix = mix if shuffle else 1
         self._blocks = tuple(mix_blocks(len(plan.splits), self.mix))
@@ -314,6 +317,16 @@ class ResumableFeed:
                 "kwargs": options.pop("fn_constructor_kwargs", None) or {}}
             return tables.map_batches(ClassTransform, **options)
         return tables.map_batches(FunctionTransform(self._transform, self._keep, epoch), **options)
+
+
+def _transform_holders(transform: Any, options: Mapping[str, Any]) -> list[progress.Holder]:
+    """The actors a class transform keeps while a pass reads: Ray Data's pool, of ``concurrency``
+    actors (the low end of a range) with ``num_cpus`` each (Ray Data's default: 1)."""
+    if not isinstance(transform, type):
+        return []
+    size = options.get("concurrency") or 1
+    return [progress.Holder("transform actors", size[0] if isinstance(size, tuple) else int(size),
+                            float(options.get("num_cpus", 1.0)), float(options.get("num_gpus", 0.0)))]
 
 
 # Read tasks of a pass without a transform in flight beyond the one being fed.

@@ -62,7 +62,7 @@ from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 
 __all__ = ["WORKER_ENV_VARS", "KerasVersionError", "tensorflow_trainer"]
@@ -75,11 +75,6 @@ _KERAS_ISSUE = "Keras 3 model.fit fails under MultiWorkerMirroredStrategy (keras
 
 class KerasVersionError(RuntimeError):
     """A training worker's ``tf.keras`` is not the Keras that ``tensorflow_trainer(keras=)`` asked for."""
-
-
-# CPUs the cluster must keep free of training workers for the datasets' read
-# tasks: what one Ray Data read task asks for by default.
-_READ_CPUS = 1.0
 
 
 def tensorflow_trainer(
@@ -149,12 +144,13 @@ def tensorflow_trainer(
             raises :class:`KerasVersionError` naming the fix when it differs.
 
     Raises:
-        ValueError: if the workers would reserve so many of the cluster's CPUs
+        StallError: if the workers would reserve so many of the cluster's CPUs
             that less than one CPU remains for the datasets' read
             tasks, which Ray would then never schedule: training would wait
             at its first step forever.  The message names the
             ``cpus_per_worker`` that fits; for a range, the check is of
-            ``min`` workers.  Also if ``keras`` is not 2 or 3, or if
+            ``min`` workers.
+        ValueError: if ``keras`` is not 2 or 3, or if
             ``num_workers`` is neither a positive int nor a ``(min, max)``
             range with ``1 <= min <= max``.
         RuntimeError: for a range on a Ray without elastic scaling.
@@ -326,18 +322,5 @@ def _check_cpus_left_for_reads(num_workers: int, cpus_per_worker: float) -> None
     if not ray.is_initialized():
         # What fit() would do anyway; the check needs to know the cluster.
         ray.init()
-    total = ray.cluster_resources().get("CPU", 0.0)
-    reserved = num_workers * cpus_per_worker
-    if total - reserved >= _READ_CPUS:
-        return
-    fitting = math.floor(100 * (total - _READ_CPUS) / num_workers) / 100
-    fix = (
-        f"pass cpus_per_worker={fitting:g} (leaving {_READ_CPUS:g} CPU for reading) or give Ray more CPUs"
-        if fitting > 0
-        else f"give Ray more CPUs (ray.init(num_cpus={math.ceil(reserved + _READ_CPUS)}) or a larger cluster)"
-    )
-    raise ValueError(
-        f"tensorflow_trainer: num_workers={num_workers} x cpus_per_worker={cpus_per_worker:g} reserves "
-        f"{reserved:g} of the cluster's {total:g} CPUs, leaving the datasets' read tasks less than the "
-        f"{_READ_CPUS:g} CPU they need, so training would wait forever at its first step; {fix}"
-    )
+    progress.preflight("tensorflow_trainer", [progress.Holder("training workers", num_workers, cpus_per_worker)],
+                       fix="tensorflow_trainer(cpus_per_worker={cpus})")
