@@ -201,7 +201,7 @@ def entry_points(root: str, model: str) -> dict[str, str | None]:
         "ResumableFeed": lambda: steps(ResumableFeed(plan_splits(f"{root}/src"), feature_columns="x",
                                                      label_columns="id", batch_size=8, rank=0,
                                                      world_size=1).dataset()),
-        "tensorflow_trainer": lambda: tensorflow_trainer(lambda config: None, datasets={}),
+        "tensorflow_trainer": lambda: tensorflow_trainer(lambda config: None, datasets={}, num_workers=1),
         "cli": lambda: _convert(root),
     }
     outcomes: dict[str, str | None] = {}

@@ -283,7 +283,7 @@ def test_reservation_leaving_reads_no_cpu_fails_before_training(ray_local, tmp_p
     _write_rows(str(tmp_path / "data"), 64)
     ds = ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA)
     assert ray.cluster_resources()["CPU"] == 2
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ray_tfrecord.StallError) as refused:
         tensorflow_trainer(
             _equal_steps_loop,
             datasets={"train": ds},
@@ -293,19 +293,21 @@ def test_reservation_leaving_reads_no_cpu_fails_before_training(ray_local, tmp_p
             storage_path=str(tmp_path / "runs"),
         ).fit()
     assert str(refused.value) == (
-        "tensorflow_trainer: num_workers=2 x cpus_per_worker=1 reserves 2 of the cluster's 2 CPUs, leaving "
-        "the datasets' read tasks less than the 1 CPU they need, so training would wait forever at its first "
-        "step; pass cpus_per_worker=0.5 (leaving 1 CPU for reading) or give Ray more CPUs"
+        "tensorflow_trainer would wait forever: it needs 3 CPUs at once (training workers 2 x 1 CPU, one task 1 CPU) "
+        "and the cluster has 2; pass tensorflow_trainer(cpus_per_worker=0.5) or ray.init(num_cpus=3) (or a cluster "
+        "with that many CPUs)"
     )
     assert not (tmp_path / "runs").exists(), "nothing may start before the refusal"
-    with pytest.raises(ValueError, match=r"reserves 3 of the cluster.s 2 CPUs.*pass cpus_per_worker=0.33 "):
+    with pytest.raises(ray_tfrecord.StallError, match=r"needs 4 CPUs at once \(training workers 3 x 1 CPU.*pass "
+                       r"tensorflow_trainer\(cpus_per_worker=0.33\) "):
         tensorflow_trainer(_equal_steps_loop, datasets={"train": ds}, num_workers=3, cpus_per_worker=1)
 
 
 def test_one_cpu_cluster_is_told_to_grow(ray_local, monkeypatch):
     # A 1-CPU machine has no cpus_per_worker that leaves a read CPU: the message must not offer one.
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
-    with pytest.raises(ValueError, match=r"; give Ray more CPUs \(ray.init\(num_cpus=2\) or a larger cluster\)$"):
+    with pytest.raises(ray_tfrecord.StallError, match=r"; pass ray.init\(num_cpus=2\) \(or a cluster with that many "
+                       r"CPUs\)$"):
         tensorflow_trainer(_equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=1)
 
 
