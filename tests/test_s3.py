@@ -1,11 +1,7 @@
 """Reading and writing on S3, against a real local S3 server (moto) started here."""
 
-import socket
-import subprocess
-import sys
-import time
+import json
 
-import boto3
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -16,46 +12,18 @@ from ray.data.datasource.partitioning import PathPartitionFilter
 from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.framing import RecordWriter, frame_records
-from ray_tfrecord._src.core.index import build_index, index_path, is_index_path, write_index
+from ray_tfrecord._src.core.index import build_index, is_index_path, write_index
 from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from tests.filesystems import moto_s3, s3_filesystem
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET = "tfr"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        boto3.client(
-            "s3", endpoint_url=f"http://{endpoint}", aws_access_key_id="testing",
-            aws_secret_access_key="testing", region_name="us-east-1",
-        ).create_bucket(Bucket=BUCKET)
-        yield pafs.S3FileSystem(
-            endpoint_override=endpoint, scheme="http", access_key="testing",
-            secret_key="testing", region="us-east-1",
-        )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with moto_s3(BUCKET) as endpoint:
+        yield s3_filesystem(endpoint)
 
 
 def _keys(fs, prefix):
@@ -72,7 +40,12 @@ def test_partitioned_write_and_read_on_s3(ray_local, s3):
     assert f"{BUCKET}/words/_SUCCESS" in keys
     assert not any("_temporary" in k for k in keys)
     assert {k.split("/")[2] for k in keys if k.count("/") == 3} == {"number=1", "number=2", "number=8"}
-    assert {k for k in keys if is_index_path(k)} == {index_path(f) for f in result.files}
+    # No sidecars on an object store: the manifest holds every file's index, and lists exactly the files.
+    assert not any(is_index_path(k) for k in keys)
+    with s3.open_input_stream(f"{BUCKET}/words/_tfrecord_manifest.json") as f:
+        manifest = json.loads(f.read())["files"]
+    assert sorted(f"{BUCKET}/words/{e['path']}" for e in manifest) == sorted(result.files)
+    assert all(e["index"] for e in manifest) and sum(e["rows"] for e in manifest) == 30
     assert result.num_rows == 30
 
     back = read_tfrecords(f"s3://{BUCKET}/words", filesystem=s3, schema=pa.schema([("word", pa.string())]))

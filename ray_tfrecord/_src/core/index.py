@@ -293,18 +293,20 @@ def read_fingerprint(
 
 
 def load_index(
-    filesystem: pafs.FileSystem, data_path: str, size: int, head: bytes, tail: bytes
+    filesystem: pafs.FileSystem, data_path: str, size: int, head: bytes, tail: bytes, stored: bytes | None = None
 ) -> RecordIndex | None:
     """Return the sidecar index of ``data_path`` (the first of :func:`index_candidates` that
-    exists) if it still matches the file; ``None`` (with a log line saying why) otherwise."""
-    for sidecar in index_candidates(data_path):
+    exists; ``stored``: the index bytes a manifest holds instead) if it still matches the file;
+    ``None`` (with a log line saying why) otherwise."""
+    sidecar, data = f"{data_path} (the manifest's index)", stored
+    for sidecar in index_candidates(data_path) if stored is None else ():
         try:
             with filesystem.open_input_stream(sidecar, compression=None) as f:
                 data = f.read()
             break
         except FileNotFoundError:
             continue
-    else:
+    if data is None:
         return None
     try:
         index = RecordIndex.from_bytes(data, path=sidecar)

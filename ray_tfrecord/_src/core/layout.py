@@ -26,6 +26,9 @@ SCHEMA_FILE = "_tfrecord_schema.arrow"
 INDEX_PREFIX = "_index."
 #: The former index layout, a hidden sidecar beside its data file (``.<name>.idx``); still read.
 LEGACY_INDEX_SUFFIX = ".idx"
+#: On object stores, the list of the dataset's committed files (with their indexes); writing it is the
+#: commit, and our readers read only the files it lists (:mod:`ray_tfrecord._src.core.manifest`).
+MANIFEST_FILE = "_tfrecord_manifest.json"
 #: Hive's spelling of a null partition value (Spark writes it too).
 HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: A name that starts with one of these is hidden from readers.

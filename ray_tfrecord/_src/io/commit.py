@@ -32,10 +32,17 @@ directory last.
 
 During step 2 a reader listing the directory may see a partial dataset: some of the new files
 (``append``), or for ``overwrite`` the old files plus some of the new ones, until the old ones are
-deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds; on
-object stores a move is a copy and the window grows with the data. Readers that need a consistent
-snapshot should wait for ``_SUCCESS`` to appear (``overwrite``/first write) or be newer
-(``append``).
+deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds.
+
+On an object store (S3, GCS), where a move is a copy of every byte, nothing is staged or moved (the
+table formats' commit; ARCHITECTURE.md says why). :meth:`Commit.start` makes sure the dataset has a
+manifest (:mod:`ray_tfrecord._src.core.manifest`; our readers read only what it lists), writing one
+of the files already there if it has none; write tasks write each file at its final key,
+``part-<task>-<write id>-<n>``, and return its size, rows and index; :meth:`Commit.finish` records the
+schema and writes the new manifest in one request, the commit; then ``_SUCCESS``; then it deletes, in
+parallel, what the manifest no longer lists (``overwrite``'s old files, a retried task's extras).
+Checkpointed tasks write the same way and record their files in one object per task in the staging
+directory, which :meth:`Commit.finish` lists in the manifest.
 
 Example (``staged`` and ``schemas`` are what the writers report)::
 
@@ -50,12 +57,11 @@ Example (``staged`` and ``schemas`` are what the writers report)::
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import logging
 import os
 import posixpath
-import re
-import urllib.parse
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +73,22 @@ import pyarrow.fs as pafs
 from ray_tfrecord._src.core import options
 from ray_tfrecord._src.core.errors import SchemaError, TFRecordError
 from ray_tfrecord._src.core.index import index_path
-from ray_tfrecord._src.core.layout import INDEX_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.layout import (
+    MANIFEST_FILE,
+    SCHEMA_FILE,
+    STAGING_DIR,
+    SUCCESS_MARKER,
+)
+from ray_tfrecord._src.core.manifest import Entry, Manifest, is_object_store, read_manifest, write_manifest
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
+from ray_tfrecord._src.io.dataset_files import (
+    list_old_files,
+    listed_entries,
+    parallel,
+    remove_empty_dirs,
+    remove_orphan_sidecars,
+    unlisted_files,
+)
 
 __all__ = ["Commit", "StagedFile", "TFRecordWriteResult", "checkpoint_file_base", "dataset_exists", "make_dirs"]
 
@@ -80,8 +100,10 @@ logger = logging.getLogger(__name__)
 _CHECKPOINT_STAGING = "checkpoint-"
 _SCHEMA_RECORD = ".schema"
 _UNRECORDED = "_unrecorded"
-# The data files of checkpointed tasks (checkpoint_file_base), as an index sidecar names them.
-_CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
+# On an object store: a checkpointed task's files (``<base>.files``, a manifest of them), and the marker of a
+# checkpointed overwrite, whose old files stay readable until the job's manifest replaces them.
+_FILES_RECORD = ".files"
+_OVERWRITE = "_overwrite"
 
 
 def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
@@ -113,7 +135,8 @@ class StagedFile(NamedTuple):
     rows: int
     size: int
     has_index: bool  # whether its index sidecar was staged too
-    in_place: bool = False  # already moved into place by its task (checkpointed write, Commit.publish)
+    in_place: bool = False  # already at its final path (written there on an object store, or moved by publish)
+    record_index: bytes | None = None  # its RecordIndex, kept in the manifest rather than a sidecar (object stores)
 
 
 def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> None:
@@ -125,14 +148,15 @@ def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> 
 
 
 def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
-    """Whether ``path`` holds data: a file, or a directory with anything besides ``_temporary``."""
+    """Whether ``path`` holds data: a file, or a directory with anything besides ``_temporary`` and a
+    manifest (an object store's; see :meth:`Commit.has_data`)."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
         return True
     if info.type != pafs.FileType.Directory:
         return False
     entries = filesystem.get_file_info(pafs.FileSelector(path))
-    return any(posixpath.basename(e.path) != STAGING_DIR for e in entries)
+    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE) for e in entries)
 
 
 class Commit:
@@ -156,11 +180,16 @@ class Commit:
         self.path = path.rstrip("/")
         self.mode = options.mode(mode)
         base = filesystem if underlying is None else underlying
-        #: Whether ``filesystem`` is S3: no directories, and a move is a copy.
-        self.object_store = base.type_name == "s3"
+        #: Whether ``filesystem`` is S3 or GCS: no directories, a move is a copy; commits by manifest.
+        self.object_store = is_object_store(base)
+        #: Whether write tasks write files at their final paths (object stores, unless the caller names
+        #: the files: those could clash, so they are staged and checked first).
+        self.direct = self.object_store
         self._local = isinstance(base, pafs.LocalFileSystem)
+        #: This write's id, in the names of the files written directly.
+        self.write_id = uuid.uuid4().hex
         #: Where writers put their files until :meth:`finish` moves them into place.
-        self.staging = posixpath.join(self.path, STAGING_DIR, uuid.uuid4().hex)
+        self.staging = posixpath.join(self.path, STAGING_DIR, self.write_id)
         #: Set by :meth:`apply_mode`: the schema recorded by the dataset this write appends to
         #: (appended rows must agree with it), and whether ``ignore`` skips the write.
         self.recorded: pa.Schema | None = None
@@ -188,7 +217,7 @@ class Commit:
             if self._schema_records():  # Ray deleted its checkpoint on success: only our last steps remain
                 self.completed = self.finish([], [])
                 return True
-        if not dataset_exists(self.filesystem, self.path):
+        if not self.has_data():
             return False
         if self.mode == "append":
             self.recorded = read_stored_schema(self.filesystem, self.path)
@@ -203,22 +232,43 @@ class Commit:
             return True
         return False
 
+    def has_data(self) -> bool:
+        """Whether the dataset holds data; on an object store with a manifest, whether it lists any file
+        (what a killed write left is not data)."""
+        if self.object_store:
+            manifest = read_manifest(self.filesystem, self.path)
+            if manifest is not None:
+                return bool(manifest.entries)
+        return dataset_exists(self.filesystem, self.path)
+
     def start(self) -> None:
         """Create the staging directory (after :meth:`apply_mode` said to go ahead)."""
         fs = self.filesystem
         self._created_root = fs.get_file_info(self.path).type == pafs.FileType.NotFound
+        if self.object_store and read_manifest(fs, self.path) is None:
+            # Files will land at their final keys: from now on our readers must read only the listed ones.
+            write_manifest(fs, self.path, Manifest(listed_entries(fs, self.path)))
         if self.checkpoint is not None and not self._checkpoint_started:
             # The job's first run. Its files become visible task by task, so the ones an overwrite replaces
-            # go first (as Ray's own file writers do); the reruns keep all of them.
-            if self.mode == "overwrite":
-                old = _list_old_files(fs, self.path)
+            # go first (as Ray's own file writers do); the reruns keep all of them. On an object store the
+            # manifest hides the new files until the job's commit, so the old ones stay until then.
+            if self.mode == "overwrite" and self.object_store:
+                self._mark(_OVERWRITE)
+            elif self.mode == "overwrite":
+                old = list_old_files(fs, self.path)
                 for path in old:
                     fs.delete_file(path)
-                _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
-            elif self.mode == "append" and dataset_exists(fs, self.path) and self.recorded is None:
-                make_dirs(fs, self.staging, object_store=self.object_store)
-                fs.open_output_stream(posixpath.join(self.staging, _UNRECORDED), compression=None).close()
+                remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
+            elif self.mode == "append" and self.has_data() and self.recorded is None:
+                self._mark(_UNRECORDED)
         make_dirs(fs, self.staging, object_store=self.object_store)
+
+    def _mark(self, name: str) -> None:
+        make_dirs(self.filesystem, self.staging, object_store=self.object_store)
+        self.filesystem.open_output_stream(posixpath.join(self.staging, name), compression=None).close()
+
+    def _marked(self, name: str) -> bool:
+        return self.filesystem.get_file_info(posixpath.join(self.staging, name)).type == pafs.FileType.File
 
     def publish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], base: str) -> list[StagedFile]:
         """In a checkpointed write task: record the task's ``schemas``, make its ``staged`` files durable
@@ -229,6 +279,10 @@ class Commit:
             with fs.open_output_stream(posixpath.join(self.staging, f"{base}.{n}{_SCHEMA_RECORD}"),
                                        compression=None) as out:
                 out.write(schema.serialize())
+        if self.direct:  # the files are at their final keys already: one record of them, not a move each
+            if staged:
+                write_manifest(fs, self.staging, Manifest(_entries(staged)), name=base + _FILES_RECORD)
+            return [f._replace(in_place=True) for f in staged]
         moves = []
         for f in staged:
             src, dst = posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)
@@ -261,9 +315,11 @@ class Commit:
         ``filename_provider``), so they may clash; a clash fails the write before any file moves."""
         if names_from_caller:
             self._refuse_name_clashes(staged)
+        if self.object_store:
+            return self._finish_by_manifest(staged, schemas)
         fs = self.filesystem
         checkpointed = self.checkpoint is not None
-        old = _list_old_files(fs, self.path) if self.mode == "overwrite" and not checkpointed else []
+        old = list_old_files(fs, self.path) if self.mode == "overwrite" and not checkpointed else []
         appended_to_data = self.mode == "append" and dataset_exists(fs, self.path)
 
         final_paths = []
@@ -283,14 +339,13 @@ class Commit:
             for path in old:
                 if path not in new:
                     fs.delete_file(path)
-            _remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
+            remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
         if checkpointed:
             # Every run's files count: the schemas their tasks recorded, over the one recorded before the
             # job (gone if the job appended to files without one). The staging directory goes last: while
             # it is there, a rerun finds this commit to complete.
-            self._remove_orphan_sidecars()
-            unrecorded = fs.get_file_info(posixpath.join(self.staging, _UNRECORDED)).type == pafs.FileType.File
-            self._record_schema([*self._schema_records(), *schemas], unrecorded)
+            remove_orphan_sidecars(fs, self.path)
+            self._record_schema([*self._schema_records(), *schemas], self._marked(_UNRECORDED))
         else:
             self._remove_staging()
             self._record_schema(schemas, appended_to_data)
@@ -304,12 +359,62 @@ class Commit:
             bytes_written=sum(f.size for f in staged),
         )
 
+    def _finish_by_manifest(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema]) -> TFRecordWriteResult:
+        """:meth:`finish` on an object store: one manifest write commits; the deletes after it run in parallel."""
+        fs = self.filesystem
+        moves = [f for f in staged if not f.in_place]  # a filename_provider's files, staged
+        parallel(lambda f: fs.move(posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)),
+                  moves)
+        new = _entries(staged)
+        checkpointed = self.checkpoint is not None
+        if checkpointed:
+            new = [*self._task_files(), *new]
+            replaces = self._marked(_OVERWRITE)
+            written = [*self._schema_records(), *schemas]
+            if replaces:
+                self._record_schema(written, False, merge_into_recorded=False)
+            else:
+                self._record_schema(written, self._marked(_UNRECORDED))
+        else:
+            replaces = self.mode == "overwrite"
+        current = None if replaces else read_manifest(fs, self.path)
+        if not checkpointed:
+            self._record_schema(schemas, self.mode == "append" and bool(current and current.entries))
+        ours = {e.rel_path for e in new}
+        kept = [e for e in (current.entries if current else []) if e.rel_path not in ours]
+        committed = Manifest(kept + new)
+        write_manifest(fs, self.path, committed)
+        with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
+            pass
+        mine = f"part-*-{self.write_id}-*"
+        parallel(fs.delete_file, [p for p in unlisted_files(fs, self.path, committed)
+                                   if replaces or fnmatch.fnmatch(posixpath.basename(p), mine)])
+        self._remove_staging()
+        return TFRecordWriteResult(num_rows=sum(f.rows for f in staged),
+                                   files=[posixpath.join(self.path, f.rel_path) for f in staged],
+                                   bytes_written=sum(f.size for f in staged))
+
+    def _task_files(self) -> list[Entry]:
+        """On an object store, every checkpointed task's files, as the tasks recorded them, in every run so far."""
+        entries = self.filesystem.get_file_info(pafs.FileSelector(self.staging, allow_not_found=True))
+        names = sorted(posixpath.basename(e.path) for e in entries if e.is_file and e.path.endswith(_FILES_RECORD))
+        found = parallel(lambda name: read_manifest(self.filesystem, self.staging, name=name), names)
+        return [e for m in found if m is not None for e in m.entries]
+
     def abort(self) -> None:
         """Remove what a failed write staged, and the dataset directory if this write created it
         and it holds nothing else. A checkpointed write keeps both: its tasks' files are in place and
-        their ids recorded, and the rerun continues them."""
+        their ids recorded, and the rerun continues them. On an object store, the files this write wrote at
+        their final keys go too (a task still running may yet add one: no manifest lists it)."""
         if self.checkpoint is not None:
             return
+        if self.object_store:
+            manifest = read_manifest(self.filesystem, self.path) or Manifest()
+            mine = f"part-*-{self.write_id}-*"
+            parallel(self.filesystem.delete_file, [p for p in unlisted_files(self.filesystem, self.path, manifest)
+                                                    if fnmatch.fnmatch(posixpath.basename(p), mine)])
+            if self._created_root and not manifest.entries:
+                self.filesystem.delete_file(posixpath.join(self.path, MANIFEST_FILE))
         self._remove_staging()
         if self._created_root and not dataset_exists(self.filesystem, self.path):
             self.filesystem.delete_dir(self.path)
@@ -333,17 +438,19 @@ class Commit:
                                         "one; put write_uuid in the name, or write with mode='overwrite'. Nothing "
                                         "was written", path=dst)
 
-    def _record_schema(self, written: Sequence[pa.Schema], appended_to_data: bool) -> None:
+    def _record_schema(self, written: Sequence[pa.Schema], appended_to_data: bool, *,
+                       merge_into_recorded: bool = True) -> None:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
         It records the schema every writer wrote, merged into the one recorded before for an append
         (:func:`~ray_tfrecord._src.core.schema.merge_recorded`); it is removed when writers wrote conflicting
         types, or when appending to files whose schema was not recorded. A checkpointed write always
-        merges into what is recorded (its first run removed it for an overwrite); ``appended_to_data``
-        then says that the job appended to files without one.
+        merges into what is recorded (its first run removed it for an overwrite, except on an object store:
+        ``merge_into_recorded=False`` there); ``appended_to_data`` then says that the job appended to files
+        without one.
         """
         fs = self.filesystem
-        if self.checkpoint is not None:
+        if self.checkpoint is not None and merge_into_recorded:
             merged = None if appended_to_data else read_stored_schema(fs, self.path)
             appended_to_data = appended_to_data or merged is not None
         else:
@@ -371,25 +478,6 @@ class Commit:
                 out.append(pa.ipc.read_schema(pa.py_buffer(f.read())))
         return out
 
-    def _remove_orphan_sidecars(self) -> None:
-        """Ray's recovery deletes the files of a task killed before its ids were committed, not their index
-        sidecars (whose names start ``_index.``); remove those, and the partition directories left empty."""
-        fs = self.filesystem
-        top = fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        sidecars = {e.path: urllib.parse.unquote(posixpath.basename(e.path)[len(INDEX_PREFIX):]) for e in top
-                    if e.is_file and posixpath.basename(e.path).startswith(INDEX_PREFIX)}
-        ours = {p: rel for p, rel in sidecars.items() if _CHECKPOINTED_FILE.match(posixpath.basename(rel))}
-        if not ours:
-            return
-        staging = posixpath.join(self.path, STAGING_DIR) + "/"
-        listing = [e for e in fs.get_file_info(pafs.FileSelector(self.path, recursive=True))
-                   if not e.path.startswith(staging)]
-        present = {posixpath.relpath(e.path, self.path) for e in listing if e.is_file}
-        for path, rel in ours.items():
-            if rel not in present:
-                fs.delete_file(path)
-        _remove_empty_dirs(fs, self.path, {e.path for e in listing if e.type == pafs.FileType.Directory})
-
     def _remove_staging(self) -> None:
         if self.filesystem.get_file_info(self.staging).type != pafs.FileType.NotFound:
             self.filesystem.delete_dir(self.staging)
@@ -402,26 +490,6 @@ class Commit:
                 os.rmdir(posixpath.dirname(self.staging))
 
 
-def _list_old_files(fs: pafs.FileSystem, path: str) -> list[str]:
-    """Every file of the existing dataset, excluding other writers' staging."""
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return []
-    staging = posixpath.join(path, STAGING_DIR) + "/"
-    return [
-        e.path
-        for e in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        if e.is_file and not e.path.startswith(staging)
-    ]
+def _entries(files: Sequence[StagedFile]) -> list[Entry]:
+    return [Entry(f.rel_path, f.size, f.rows, f.record_index) for f in files]
 
-
-def _remove_empty_dirs(fs: pafs.FileSystem, root: str, dirs: Iterable[str]) -> None:
-    # Deepest first, so a parent emptied by removing its children goes too.
-    candidates = set()
-    for d in dirs:
-        while d.startswith(root + "/"):
-            candidates.add(d)
-            d = posixpath.dirname(d)
-    for d in sorted(candidates, key=lambda p: p.count("/"), reverse=True):
-        info = fs.get_file_info(d)
-        if info.type == pafs.FileType.Directory and not fs.get_file_info(pafs.FileSelector(d)):
-            fs.delete_dir(d)

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import math
 import os
-import posixpath
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, check_encodable
 from ray_tfrecord._src.core.errors import TFRecordError
-from ray_tfrecord._src.io import compat, progress
+from ray_tfrecord._src.io import compat, progress, stores
 from ray_tfrecord._src.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord._src.io.compat import SaveMode
 from ray_tfrecord._src.io.task_errors import from_task, task_cause
@@ -149,18 +148,20 @@ class TFRecordDatasink(_Base):
             raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
                             f"{type(filename_provider).__name__}")
         self._unresolved_path = os.fspath(path)
-        paths, fs = compat.resolve_paths([self._unresolved_path], filesystem)
+        paths, fs = stores.resolve_paths([self._unresolved_path], filesystem)
         retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
         self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying))
+        self.commit.direct = self.commit.direct and filename_provider is None
         self._min_rows_per_file = min_rows_per_file
         self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
         self._config = WriteConfig(
             filesystem=retrying,
             path=self.commit.path,
-            staging=self.commit.staging,
+            staging=self.commit.path if self.commit.direct else self.commit.staging,
             object_store=self.commit.object_store,
+            direct=self.commit.direct,
             record_type=record_type,
             partition_cols=tuple(partition_cols or ()),
             compression=compression,
@@ -223,7 +224,8 @@ class TFRecordDatasink(_Base):
                 if started:
                     progress.preflight("write_tfrecords", [progress.CHECKPOINT_FILTER])
                 self.commit.use_checkpoint(config.checkpoint_path, started=started)
-                self._config = dataclasses.replace(self._config, staging=self.commit.staging, checkpointed=True)
+                staging = self.commit.path if self.commit.direct else self.commit.staging
+                self._config = dataclasses.replace(self._config, checkpointed=True, staging=staging)
             self._skips = self.commit.apply_mode()
             if self.commit.completed is not None:
                 self.result = self.commit.completed
@@ -316,7 +318,9 @@ class TFRecordDatasink(_Base):
         if self._skips:
             return {"files": [], "schemas": []}
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
-        write_uuid = compat.write_uuid(ctx) or posixpath.basename(self.commit.staging)
+        # Ray's id where its checkpointing or a filename_provider needs it; ours where files carry it for cleanup.
+        ray_uuid = compat.write_uuid(ctx) if self._config.checkpointed or not self.commit.direct else None
+        write_uuid = ray_uuid or self.commit.write_id
         try:
             files, schemas = write_tables(tables, self._config, ctx.task_idx, write_uuid, self.commit.recorded)
         except TFRecordError as e:

@@ -10,6 +10,11 @@ left out with a log line, and a file named and shaped like something else stops 
 ``partition_filter`` and ``file_extensions`` are then applied, so a pruned file is never
 opened. TFDS shards get a ``split`` partition column.
 
+Under a dataset root that holds a manifest (:mod:`ray_tfrecord._src.core.manifest`: a dataset written
+to an object store), only the files the manifest lists are read: what a write in flight or killed put
+there is not. A directory read at its root also gets the listed files that its listing missed (committed
+after the listing), so a committed file is never skipped.
+
 A path that does not exist as written but holds a glob character is a Hadoop glob
 (:mod:`ray_tfrecord._src.io.globs`). It is walked from its base directory (the components before the
 first wildcard), listing one level per wildcard component, only in directories that matched so
@@ -42,8 +47,9 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
-from ray_tfrecord._src.core.layout import is_hidden
-from ray_tfrecord._src.io import compat, foreign
+from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
+from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.io import compat, foreign, stores
 from ray_tfrecord._src.io.globs import Component, Glob, is_glob, parse_glob
 from ray_tfrecord._src.io.partitioning import PartitionValues, parse_partitions
 
@@ -64,6 +70,7 @@ class DataFile:
     # the directory that holds their sidecars, None otherwise (a file named directly, or a
     # partition directory read on its own: its sidecars are at the dataset root).
     has_index: bool | None = None
+    index: bytes | None = None  # the RecordIndex a manifest holds for it (object stores: no sidecar)
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ def list_files(
     fs = compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
+    found, indexes = _committed(found, fs, seen)
     foreign.warn_staging(seen.staged)
     if not found:
         raise ValueError(
@@ -131,7 +139,7 @@ def list_files(
     if splits and partitioning is not None and _SPLIT not in partition_schema.names:
         partition_schema = partition_schema.append(pa.field(_SPLIT, pa.string()))
         partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
-    files = [DataFile(f.path, f.size, parts, f.has_index) for f, parts in zip(found, partitions)]
+    files = [DataFile(f.path, f.size, parts, f.has_index, indexes.get(f.path)) for f, parts in zip(found, partitions)]
     return Listing(files, partition_schema, fs, roots)
 
 
@@ -144,7 +152,7 @@ def _resolve(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
     empty URL query) is dropped, which in a glob is a wildcard."""
     raw = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    resolved, fs = compat.resolve_paths(raw, filesystem)
+    resolved, fs = stores.resolve_paths(raw, filesystem)
     if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
         resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
     return resolved, fs
@@ -264,6 +272,8 @@ class _Seen:
         self._directories: set[str] = set()  # listed one level
         self._trees: set[str] = set()  # listed recursively
         self.staged: dict[str, str] = {}  # staging directory or file: the tool that stages there
+        self.manifests: set[str] = set()  # directories seen to hold a manifest
+        self.given: set[str] = set()  # directories listed whole (a directory path, or one a glob matched)
 
     def staging(self, relative: str, entry: pafs.FileInfo) -> bool:
         """Whether ``entry`` (at ``relative`` below the path read) is staging output; noted if so."""
@@ -275,6 +285,10 @@ class _Seen:
     def record(self, directory: str, entries: list[pafs.FileInfo], *, recursive: bool) -> None:
         (self._trees if recursive else self._directories).add(directory.rstrip("/") or directory)
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
+        self.manifests.update(posixpath.dirname(e.path) for e in entries
+                              if e.is_file and posixpath.basename(e.path) == MANIFEST_FILE)
+        if recursive:
+            self.given.add(directory.rstrip("/") or directory)
 
     def has_index(self, path: str) -> bool | None:
         """True or False when the listings show it, None when a sidecar could sit in a
@@ -283,6 +297,10 @@ class _Seen:
         if any(c in self._sidecars for c in candidates):
             return True
         return False if all(self._covers(posixpath.dirname(c)) for c in candidates) else None
+
+    def covers(self, directory: str) -> bool:
+        """Whether a listing seen shows ``directory``'s own entries."""
+        return self._covers(directory)
 
     def _covers(self, directory: str) -> bool:
         if directory in self._directories:
@@ -293,6 +311,29 @@ class _Seen:
                 return False
             directory = parent
         return True
+
+
+def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[list[_Found], dict[str, bytes]]:
+    """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
+    lists that a whole listing of the root missed), and the indexes it holds, by path."""
+    roots = sorted({dataset_root(f.path) for f in found if f.listed})
+    unseen = [r for r in roots if not seen.covers(r)]
+    with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
+        fetched = dict(zip(unseen, pool.map(lambda r: read_manifest(fs, r), unseen)))
+    manifests = {r: fetched[r] if r in fetched else read_manifest(fs, r) if r in seen.manifests else None
+                 for r in roots}
+    if not any(m is not None for m in manifests.values()):
+        return found, {}
+    committed: dict[str, tuple[int, bytes | None]] = {}
+    for root, m in manifests.items():
+        for e in m.entries if m is not None else ():
+            committed[posixpath.join(root, e.rel_path)] = (e.size, e.index)
+    kept = [f._replace(has_index=True) if committed.get(f.path, (0, None))[1] is not None else f
+            for f in found if not f.listed or f.path in committed or manifests.get(dataset_root(f.path)) is None]
+    have = {f.path for f in kept}
+    kept += [_Found(p, size, index is not None, None, True) for p, (size, index) in sorted(committed.items())
+             if p not in have and dataset_root(p) in seen.given]
+    return kept, {p: index for p, (_, index) in committed.items() if index is not None}
 
 
 def _visible_files(directory: str, entries: list[pafs.FileInfo], seen: _Seen) -> list[tuple[str, int]]:

@@ -85,7 +85,7 @@ def probe_file(fs: pafs.FileSystem, file: DataFile, compression: str | None) -> 
     if compression == "auto" and detect_compression(head[:16]) is not None:
         return Probe(ProbeKind.COMPRESSED)
     if file.has_index is not False:
-        index = load_index(fs, file.path, file.size, head, tail)
+        index = load_index(fs, file.path, file.size, head, tail, file.index)
         if index is not None:
             return Probe(ProbeKind.INDEXED, index)
     return Probe(ProbeKind.UNINDEXED)

@@ -5,6 +5,8 @@ A task's tables are checked (:meth:`WriteConfig.check_schema`), split by partiti
 :class:`~ray_tfrecord._src.core.framing.RecordWriter` per file, with an index sidecar per uncompressed
 file. Files rotate by row count and size, and are named ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``
 or by the caller's ``FilenameProvider``. :mod:`ray_tfrecord._src.io.commit` then moves them into place.
+On an object store they are written at their final keys instead, as ``part-<task>-<write id>-<n>``,
+and each file's index goes back to the driver for the manifest, not into a sidecar.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class WriteConfig:
     allow_decimal_narrowing: bool
     max_open_files: int  # per task; beyond it the least recently used file is closed
     checkpointed: bool = False  # a job checkpoint: files are named for Ray's recovery (checkpoint_file_base)
+    direct: bool = False  # staging is the dataset itself (an object store): files are named for the write id
     list_types: tuple[tuple[str, pa.DataType], ...] = ()  # the dataset's list columns, as the driver knows them
 
     @property
@@ -200,6 +203,8 @@ class _PartFile:
         stream = self._fs.open_output_stream(self._path, compression=None)
         self._writer = RecordWriter(stream, config.compression, config.compression_level)
         self._index = IndexBuilder(sizes.INDEX_SPACING_BYTES) if config.write_index else None
+        self._in_manifest = config.object_store  # the index, not a sidecar of it (two requests a file)
+        self._direct = config.direct
 
     @property
     def bytes(self) -> int:
@@ -215,9 +220,14 @@ class _PartFile:
     def close(self) -> StagedFile:
         size = self.bytes
         self._writer.close()
-        if self._index is not None:
-            write_index(self._fs, self._path, self._index.finish(size), root=self._staging)
-        return StagedFile(self.rel_path, self.rows, size, self._index is not None)
+        if self._index is None:
+            return StagedFile(self.rel_path, self.rows, size, False, in_place=self._direct)
+        index = self._index.finish(size)
+        if self._in_manifest:
+            return StagedFile(self.rel_path, self.rows, size, False, in_place=self._direct,
+                              record_index=index.to_bytes())
+        write_index(self._fs, self._path, index, root=self._staging)
+        return StagedFile(self.rel_path, self.rows, size, True)
 
 
 class _TaskFiles:
@@ -247,7 +257,7 @@ class _TaskFiles:
         """The next file's name in ``part_dir``: ours, or the filename_provider's."""
         number = self._opened_in.get(part_dir, 0)
         self._opened_in[part_dir] = number + 1
-        if self._config.checkpointed:
+        if self._config.checkpointed or self._config.direct:
             return f"{checkpoint_file_base(self._task_idx, self._write_uuid)}-{number}{self._config.extension}"
         if self._config.filename_provider is None:
             return f"part-{self._task_idx:05d}-{uuid.uuid4().hex}{self._config.extension}"

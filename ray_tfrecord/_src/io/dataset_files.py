@@ -1,0 +1,106 @@
+"""The files of a dataset directory, as a commit sees them: what is there, what a manifest does not list,
+and many deleted at once (on an object store each request is a round trip, so they run in parallel)."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import pyarrow.fs as pafs
+
+from ray_tfrecord._src.core.layout import (
+    INDEX_PREFIX,
+    MANIFEST_FILE,
+    SCHEMA_FILE,
+    STAGING_DIR,
+    SUCCESS_MARKER,
+    is_hidden,
+)
+from ray_tfrecord._src.core.manifest import Entry, Manifest
+
+__all__ = ["list_old_files", "listed_entries", "parallel", "remove_empty_dirs", "remove_orphan_sidecars",
+           "unlisted_files"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+# Requests in flight at once (each is one round trip on an object store).
+_THREADS = 32
+# What a dataset root holds besides data files and sidecars, kept by an object store's commit.
+_BOOKKEEPING = {INDEX_PREFIX, MANIFEST_FILE, SCHEMA_FILE, SUCCESS_MARKER}
+# The data files of checkpointed tasks (commit.checkpoint_file_base), as an index sidecar names them.
+_CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
+
+
+def list_old_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Every file of the existing dataset, excluding other writers' staging."""
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    staging = posixpath.join(path, STAGING_DIR) + "/"
+    return [
+        e.path
+        for e in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        if e.is_file and not e.path.startswith(staging)
+    ]
+
+
+def remove_empty_dirs(fs: pafs.FileSystem, root: str, dirs: Iterable[str]) -> None:
+    # Deepest first, so a parent emptied by removing its children goes too.
+    candidates = set()
+    for d in dirs:
+        while d.startswith(root + "/"):
+            candidates.add(d)
+            d = posixpath.dirname(d)
+    for d in sorted(candidates, key=lambda p: p.count("/"), reverse=True):
+        info = fs.get_file_info(d)
+        if info.type == pafs.FileType.Directory and not fs.get_file_info(pafs.FileSelector(d)):
+            fs.delete_dir(d)
+
+
+def listed_entries(fs: pafs.FileSystem, path: str) -> list[Entry]:
+    """The visible files under ``path`` as manifest entries (rows and indexes unknown): the first manifest
+    of a dataset whose files were written without one."""
+    listing = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    prefix = path + "/"
+    return [Entry(e.path[len(prefix):], e.size, None) for e in listing
+            if e.is_file and not is_hidden(e.path[len(prefix):])]
+
+
+def unlisted_files(fs: pafs.FileSystem, path: str, manifest: Manifest) -> list[str]:
+    """The files under dataset ``path`` that ``manifest`` does not list: data files and sidecars of other
+    writes (``_temporary/`` and the dataset's own bookkeeping are not counted)."""
+    listed = manifest.paths(path)
+    staging = posixpath.join(path, STAGING_DIR) + "/"
+    listing = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return [e.path for e in listing if e.is_file and e.path not in listed and not e.path.startswith(staging)
+            and posixpath.relpath(e.path, path) not in _BOOKKEEPING]
+
+
+def parallel(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``call`` on each item, a few dozen at a time: on an object store each is a round trip."""
+    if len(items) <= 1:
+        return [call(i) for i in items]
+    with ThreadPoolExecutor(min(len(items), _THREADS)) as pool:
+        return list(pool.map(call, items))
+
+
+def remove_orphan_sidecars(fs: pafs.FileSystem, path: str) -> None:
+    """Ray's recovery deletes the files of a task killed before its ids were committed, not their index
+    sidecars (whose names start ``_index.``); remove those, and the partition directories left empty."""
+    top = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    sidecars = {e.path: urllib.parse.unquote(posixpath.basename(e.path)[len(INDEX_PREFIX):]) for e in top
+                if e.is_file and posixpath.basename(e.path).startswith(INDEX_PREFIX)}
+    ours = {p: rel for p, rel in sidecars.items() if _CHECKPOINTED_FILE.match(posixpath.basename(rel))}
+    if not ours:
+        return
+    staging = posixpath.join(path, STAGING_DIR) + "/"
+    listing = [e for e in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+               if not e.path.startswith(staging)]
+    present = {posixpath.relpath(e.path, path) for e in listing if e.is_file}
+    for sidecar, rel in ours.items():
+        if rel not in present:
+            fs.delete_file(sidecar)
+    remove_empty_dirs(fs, path, {e.path for e in listing if e.type == pafs.FileType.Directory})
