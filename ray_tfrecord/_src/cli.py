@@ -5,6 +5,7 @@ examples:
   ray-tfrecord verify /data/train            full CRC scan; exit 1 on damage
   ray-tfrecord index /data/train             write index sidecars so reads can split files
   ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
+  ray-tfrecord clean gs://bucket/train/ --dry-run   what killed writes left behind
 
 Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so it is
 parallel and shows Ray Data's progress bars. Exit codes: 0 success; 1 damaged data (a corrupt
@@ -37,6 +38,7 @@ from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFReco
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
 from ray_tfrecord._src.core.schema import read_stored_schema
+from ray_tfrecord._src.io import compat, dataset_files, stores
 from ray_tfrecord._src.io.datasink import write_tfrecords
 from ray_tfrecord._src.io.datasource import TFRecordDatasource
 from ray_tfrecord._src.io.listing import DataFile, Listing, list_files
@@ -197,6 +199,18 @@ def _cmd_index(args) -> int:
     return 1 if any(r["status"].startswith("error") for r in results) else 0
 
 
+def _cmd_clean(args) -> int:
+    paths, fs = stores.resolve_paths([args.path], None)
+    fs, path = compat.retrying_filesystem(fs), paths[0].rstrip("/")
+    found = dataset_files.orphans(fs, path)
+    for p in found:
+        print(f"{'would delete' if args.dry_run else 'deleting'}: {p}")
+    if not args.dry_run:
+        dataset_files.remove(fs, found)
+    print(f"{len(found)} left by killed or failed writes{' (dry run: nothing deleted)' if args.dry_run else ''}")
+    return 0
+
+
 def _cmd_convert(args) -> int:
     fmt = args.format or _guess_format(args.src)
     if args.compression_level is not None and args.compression == "none":
@@ -290,6 +304,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spacing", type=int, default=sizes.INDEX_SPACING_BYTES,
                    help=f"bytes between index checkpoints (default: {sizes.INDEX_SPACING_BYTES})")
     p.set_defaults(fn=_cmd_index)
+
+    p = sub.add_parser("clean", parents=[common], help="delete what killed or failed writes left in a dataset",
+                       description="Delete the files no committed manifest lists (object stores) and the "
+                                   "staging directories of writes that did not finish; a checkpointed job's are "
+                                   "kept for its rerun. Run it while no write to PATH is running.")
+    p.add_argument("path", help="the dataset directory (local, s3://, gs://, ...)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    p.set_defaults(fn=_cmd_clean)
 
     p = sub.add_parser("convert", parents=[common], help="Parquet / CSV / JSON -> TFRecord through Ray Data",
                        description="Convert Parquet, CSV or JSON to TFRecord through Ray Data.")

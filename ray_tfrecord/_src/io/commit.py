@@ -82,6 +82,7 @@ from ray_tfrecord._src.core.layout import (
 from ray_tfrecord._src.core.manifest import Entry, Manifest, is_object_store, read_manifest, write_manifest
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
 from ray_tfrecord._src.io.dataset_files import (
+    CHECKPOINT_STAGING,
     list_old_files,
     listed_entries,
     parallel,
@@ -97,7 +98,6 @@ logger = logging.getLogger(__name__)
 # A checkpointed job's staging directory, ``_temporary/checkpoint-<key>``, and what it holds besides staged
 # files: one record per schema a task wrote (``<task's file base>.<n>.schema``, so Ray's recovery deletes it
 # with the task's files) and, when the job appends to files whose schema was never recorded, a marker.
-_CHECKPOINT_STAGING = "checkpoint-"
 _SCHEMA_RECORD = ".schema"
 _UNRECORDED = "_unrecorded"
 # On an object store: a checkpointed task's files (``<base>.files``, a manifest of them), and the marker of a
@@ -204,7 +204,7 @@ class Commit:
         """Take part in the job checkpoint at ``checkpoint_path`` (call before :meth:`apply_mode`);
         ``started``: it holds records, so this run continues an earlier one."""
         self.checkpoint = hashlib.sha256(checkpoint_path.encode()).hexdigest()[:16]
-        self.staging = posixpath.join(self.path, STAGING_DIR, _CHECKPOINT_STAGING + self.checkpoint)
+        self.staging = posixpath.join(self.path, STAGING_DIR, CHECKPOINT_STAGING + self.checkpoint)
         self._checkpoint_started = started
 
     def apply_mode(self) -> bool:

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import pyarrow.fs as pafs
 
+from ray_tfrecord._src.core.index import index_candidates
 from ray_tfrecord._src.core.layout import (
     INDEX_PREFIX,
     MANIFEST_FILE,
@@ -20,15 +21,17 @@ from ray_tfrecord._src.core.layout import (
     SUCCESS_MARKER,
     is_hidden,
 )
-from ray_tfrecord._src.core.manifest import Entry, Manifest
+from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest
 
-__all__ = ["list_old_files", "listed_entries", "parallel", "remove_empty_dirs", "remove_orphan_sidecars",
-           "unlisted_files"]
+__all__ = ["CHECKPOINT_STAGING", "list_old_files", "listed_entries", "orphans", "parallel", "remove",
+           "remove_empty_dirs", "remove_orphan_sidecars", "unlisted_files"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 # Requests in flight at once (each is one round trip on an object store).
 _THREADS = 32
+#: A checkpointed job's staging directory under ``_temporary/`` starts so (commit.Commit.use_checkpoint).
+CHECKPOINT_STAGING = "checkpoint-"
 # What a dataset root holds besides data files and sidecars, kept by an object store's commit.
 _BOOKKEEPING = {INDEX_PREFIX, MANIFEST_FILE, SCHEMA_FILE, SUCCESS_MARKER}
 # The data files of checkpointed tasks (commit.checkpoint_file_base), as an index sidecar names them.
@@ -70,13 +73,38 @@ def listed_entries(fs: pafs.FileSystem, path: str) -> list[Entry]:
 
 
 def unlisted_files(fs: pafs.FileSystem, path: str, manifest: Manifest) -> list[str]:
-    """The files under dataset ``path`` that ``manifest`` does not list: data files and sidecars of other
-    writes (``_temporary/`` and the dataset's own bookkeeping are not counted)."""
+    """The files under dataset ``path`` that ``manifest`` does not list, nor the sidecar of a file it lists:
+    other writes' data files and sidecars (``_temporary/`` and the dataset's own bookkeeping are not counted)."""
     listed = manifest.paths(path)
+    keep = listed | {c for p in listed for c in index_candidates(p)}
     staging = posixpath.join(path, STAGING_DIR) + "/"
     listing = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    return [e.path for e in listing if e.is_file and e.path not in listed and not e.path.startswith(staging)
+    return [e.path for e in listing if e.is_file and e.path not in keep and not e.path.startswith(staging)
             and posixpath.relpath(e.path, path) not in _BOOKKEEPING]
+
+
+def orphans(fs: pafs.FileSystem, path: str) -> list[str]:
+    """What killed or failed writes left in dataset ``path``: files that its manifest does not list (none
+    when it has no manifest: then every visible file is data), and staging directories, except those of a
+    checkpointed job, whose rerun continues them (and the files their records name)."""
+    staging = posixpath.join(path, STAGING_DIR)
+    entries = fs.get_file_info(pafs.FileSelector(staging, allow_not_found=True))
+    jobs = [e.path for e in entries if e.type == pafs.FileType.Directory
+            and posixpath.basename(e.path).startswith(CHECKPOINT_STAGING)]
+    found = [e.path for e in entries if e.path not in jobs]
+    manifest = read_manifest(fs, path)
+    if manifest is None:
+        return found
+    records = [posixpath.basename(e.path) for job in jobs
+               for e in fs.get_file_info(pafs.FileSelector(job, allow_not_found=True)) if e.is_file]
+    bases = tuple(b.split(".", 1)[0] + "-" for b in records if b.startswith("part-"))
+    return found + [p for p in unlisted_files(fs, path, manifest) if not posixpath.basename(p).startswith(bases)]
+
+
+def remove(fs: pafs.FileSystem, paths: Sequence[str]) -> None:
+    """Delete files and directories, in parallel."""
+    kinds = {e.path: e.type for e in fs.get_file_info(list(paths))}
+    parallel(lambda p: fs.delete_dir(p) if kinds.get(p) == pafs.FileType.Directory else fs.delete_file(p), paths)
 
 
 def parallel(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:

@@ -1,0 +1,212 @@
+"""Datasets on object stores, against real local servers started here: S3 (moto) and GCS (fake-gcs-server).
+
+Writes go to their final keys and commit by one manifest write (ray_tfrecord._src.io.commit); these tests
+hold every save mode, partitions, GZIP, split reads from the manifest's indexes, ``plan_splits``, the
+requests a file costs, ``gs://`` without ``filesystem=``, and writes killed (SIGKILL of the whole driver)
+in their tasks and between the commit and its deletes: our readers see the old data or the new, never a
+mix, and ``ray-tfrecord clean`` leaves nothing the manifest does not list.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+import time
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+import ray
+import ray.cloudpickle
+
+from bench.proxy import LatencyProxy
+from ray_tfrecord import read_tfrecords, write_tfrecords
+from ray_tfrecord._src.cli import main as cli
+from ray_tfrecord._src.core import sizes
+from ray_tfrecord._src.core.index import is_index_path
+from ray_tfrecord._src.core.layout import MANIFEST_FILE
+from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.io.dataset_files import orphans, unlisted_files
+from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.io.stores import EMULATOR_ENV
+from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
+from tests.test_checkpoint_jobs import run_driver
+
+pytestmark = pytest.mark.timeout(300)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+BUCKET = "tfr"
+_SERVERS = {"s3": (moto_s3, s3_filesystem, "s3://"), "gcs": (fake_gcs, gcs_filesystem, "gs://")}
+
+
+class Store:
+    def __init__(self, kind: str, endpoint: str):
+        self.kind, self.endpoint = kind, endpoint
+        self.fs = _SERVERS[kind][1](endpoint)
+        self.scheme = _SERVERS[kind][2]
+
+    def path(self, name: str) -> str:
+        return f"{BUCKET}/{name}"
+
+    def keys(self, name: str) -> list[str]:
+        return sorted(i.path[len(self.path(name)) + 1:] for i in self.fs.get_file_info(
+            pafs.FileSelector(self.path(name), recursive=True, allow_not_found=True)) if i.is_file)
+
+    def ids(self, name: str) -> list[int]:
+        return sorted(r["id"] for r in read_tfrecords(self.scheme + self.path(name), filesystem=self.fs).take_all())
+
+
+@pytest.fixture(scope="module", params=sorted(_SERVERS))
+def store(request):
+    with _SERVERS[request.param][0](BUCKET) as endpoint:
+        yield Store(request.param, endpoint)
+
+
+def _rows(ids) -> ray.data.Dataset:
+    return ray.data.from_items([{"id": i, "part": i % 3, "word": f"w{i}"} for i in ids])
+
+
+def _committed_only(store: Store, name: str) -> None:
+    """The dataset holds what its manifest lists and its bookkeeping, nothing else: no sidecar, no staging."""
+    manifest = read_manifest(store.fs, store.path(name))
+    assert manifest is not None
+    listed = sorted(e.rel_path for e in manifest.entries)
+    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"])
+
+
+def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
+    uri = store.scheme + store.path("modes")
+    result = write_tfrecords(_rows(range(60)), uri, filesystem=store.fs, partition_cols=["part"],
+                             max_rows_per_file=7)
+    assert store.ids("modes") == list(range(60)) and result.num_rows == 60
+    assert not any(is_index_path(k) or "_temporary" in k for k in store.keys("modes"))
+    manifest = read_manifest(store.fs, store.path("modes"))
+    assert sorted(posixpath.join(store.path("modes"), e.rel_path) for e in manifest.entries) == sorted(result.files)
+    assert all(e.index for e in manifest.entries) and sum(e.rows for e in manifest.entries) == 60
+    _committed_only(store, "modes")
+
+    with pytest.raises(ValueError, match="already exists"):
+        write_tfrecords(_rows(range(3)), uri, filesystem=store.fs)
+    assert write_tfrecords(_rows(range(3)), uri, filesystem=store.fs, mode="ignore").skipped
+    write_tfrecords(_rows(range(60, 80)), uri, filesystem=store.fs, partition_cols=["part"], mode="append")
+    assert store.ids("modes") == list(range(80))
+    assert {r["part"] for r in read_tfrecords(uri, filesystem=store.fs).take_all()} == {0, 1, 2}
+    plan = plan_splits(uri, filesystem=store.fs)
+    assert sum(s.rows for s in plan.splits) == 80
+
+    write_tfrecords(_rows(range(80, 90)), uri, filesystem=store.fs, mode="overwrite", compression="gzip")
+    assert store.ids("modes") == list(range(80, 90))
+    _committed_only(store, "modes")
+    assert all(k.endswith(".tfrecord.gz") for k in store.keys("modes") if k.startswith("part-"))
+
+
+def test_split_reads_use_the_manifest_index(ray_local, store, monkeypatch):
+    rng = np.random.default_rng(4)
+    payloads = [rng.bytes(int(rng.integers(1, 2000))) for _ in range(800)]
+    ds = ray.data.from_items([{"record": p} for p in payloads], override_num_blocks=1)
+    write_tfrecords(ds, store.scheme + store.path("big"), filesystem=store.fs, record_type="ByteArray")
+    assert len([k for k in store.keys("big") if k.startswith("part-")]) == 1
+    monkeypatch.setattr(sizes, "MIN_SPLIT_BYTES", 64 << 10)
+    source = TFRecordDatasource(store.scheme + store.path("big"), filesystem=store.fs, record_type="ByteArray")
+    tasks = source.get_read_tasks(6)
+    assert len(tasks) >= 4
+    assert all(t.metadata.num_rows is not None for t in tasks)  # exact boundaries: the manifest's index
+    assert [r["record"] for t in tasks for b in t() for r in b.to_pylist()] == payloads
+
+
+def test_at_most_six_requests_per_file(ray_local, store):
+    files = 32
+    with LatencyProxy(store.endpoint) as proxy:
+        fs = _SERVERS[store.kind][1](proxy.endpoint)
+        proxy.reset()
+        result = write_tfrecords(_rows(range(files * 10)), store.scheme + store.path("requests"), filesystem=fs,
+                                 max_rows_per_file=10, min_rows_per_file=10)
+        counts = proxy.counts()
+    assert result.num_files == files
+    print(f"{store.kind}: {counts} for {files} files")
+    assert sum(counts.values()) / files <= 6, counts
+
+
+def test_gs_paths_need_no_filesystem(ray_local, store, monkeypatch):
+    if store.kind != "gcs":
+        pytest.skip("gs:// only")
+    monkeypatch.setenv(EMULATOR_ENV, f"http://{store.endpoint}")
+    uri = f"gs://{store.path('plain')}"
+    write_tfrecords(_rows(range(20)), uri, max_rows_per_file=5)
+    assert sorted(r["id"] for r in read_tfrecords(uri).take_all()) == list(range(20))
+    assert cli(["clean", uri]) == 0
+
+
+# -- killed writes -------------------------------------------------------------------------
+
+
+def killed_writer(kind: str, endpoint: str, name: str, point: str, marker: str) -> None:
+    """A driver overwriting ``name`` with ids 1000..1299, stopped at ``point`` for the test to kill it:
+    ``tasks`` (slow write tasks, files landing one by one) or ``commit`` (the manifest written, the
+    deletes not begun)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    fs = _SERVERS[kind][1](endpoint)
+    if point == "commit":
+        from ray_tfrecord._src.io import commit
+
+        real = commit.write_manifest
+
+        def write_then_halt(*args, **kwargs):
+            real(*args, **kwargs)
+            if "name" not in kwargs:  # the dataset's manifest, not a task's record
+                open(marker, "w").close()
+                time.sleep(600)
+
+        commit.write_manifest = write_then_halt
+
+    def slow(batch):
+        time.sleep(0.3)
+        return batch
+
+    ds = _rows(range(1000, 1300)).repartition(30).map_batches(slow, batch_size=None)
+    write_tfrecords(ds, _SERVERS[kind][2] + f"{BUCKET}/{name}", filesystem=fs, mode="overwrite",
+                    max_rows_per_file=10)
+
+
+@pytest.mark.parametrize("point", ["tasks", "commit"])
+def test_killed_overwrite_shows_old_or_new_and_clean_removes_the_rest(ray_local, store, tmp_path, point,
+                                                                     monkeypatch):
+    name = f"killed-{point}"
+    uri = store.scheme + store.path(name)
+    write_tfrecords(_rows(range(100)), uri, filesystem=store.fs, max_rows_per_file=25)
+    marker = tmp_path / "marker"
+
+    def landed() -> bool:
+        if point == "commit":
+            return marker.exists()
+        return any(k.startswith("part-") for k in unlisted(store, name))
+
+    run_driver("tests.test_objectstore", "killed_writer", [store.kind, store.endpoint, name, point, str(marker)],
+               kill_when=landed, what=point)
+    expected = list(range(100)) if point == "tasks" else list(range(1000, 1300))
+    assert store.ids(name) == expected
+    left = orphans(store.fs, store.path(name))
+    assert left, "the kill left nothing behind: the test did not kill the write where it meant to"
+
+    if store.kind == "gcs":
+        monkeypatch.setenv(EMULATOR_ENV, f"http://{store.endpoint}")
+        assert cli(["clean", "--dry-run", uri]) == 0
+        assert orphans(store.fs, store.path(name)) == left
+        assert cli(["clean", uri]) == 0
+    else:
+        from ray_tfrecord._src.io.dataset_files import remove
+
+        remove(store.fs, left)
+    assert orphans(store.fs, store.path(name)) == []
+    assert store.ids(name) == expected
+    write_tfrecords(_rows(range(500, 520)), uri, filesystem=store.fs, mode="overwrite")
+    assert store.ids(name) == list(range(500, 520))
+    _committed_only(store, name)
+
+
+def unlisted(store: Store, name: str) -> list[str]:
+    manifest = read_manifest(store.fs, store.path(name))
+    if manifest is None:
+        return []
+    return [posixpath.basename(p) for p in unlisted_files(store.fs, store.path(name), manifest)]
+
