@@ -267,3 +267,45 @@ def test_entry_points_on_1_cpu_finish_or_refuse(model, tmp_path):
                               "cluster with that many CPUs)",
         "cli": None,
     }
+
+
+# -- two feeds in one process -------------------------------------------------------------------
+
+
+class _Scaled:
+    """A class transform: Ray Data runs it on an actor pool, each actor holding a CPU."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return batch.set_column(batch.schema.get_field_index("x"), "x", pa.compute.multiply(batch["x"], 2.0))
+
+
+FEED_ROWS = 50_000  # of 4 KiB: a Ray Data execution of the feed is still reading after its first table
+
+
+def three_feeds(root: str) -> None:
+    """Three feeds with an actor each, on 2 CPUs, made first and then read in turns (Keras' training and
+    validation feeds, and one more); each pass reports its rows and seconds."""
+    from ray_tfrecord.tf import ResumableFeed, plan_splits
+
+    start_ray(num_cpus=2)
+    rng = np.random.default_rng(0)
+    rows = pa.table({"id": np.arange(FEED_ROWS), "x": rng.random(FEED_ROWS, np.float32),
+                     "big": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(FEED_ROWS * 1024, np.float32)),
+                                                              1024)})
+    write_tfrecords(ray.data.from_arrow(rows), f"{root}/src", max_rows_per_file=FEED_ROWS // 40)
+    plan = plan_splits(f"{root}/src")
+    feeds = [ResumableFeed(plan, feature_columns="x", label_columns="id", batch_size=500, rank=0, world_size=1,
+                           transform=_Scaled, transform_options={"concurrency": 1}) for _ in range(3)]
+    started = time.monotonic()
+    datasets = [feed.dataset() for feed in feeds]
+    passes = [[sum(int(weight.numpy().sum()) for _, _, weight in dataset) for dataset in datasets] for _ in range(2)]
+    print("RESULT " + json.dumps({"passes": passes, "seconds": time.monotonic() - started}))
+    ray.shutdown()
+
+
+def test_three_transformed_feeds_take_turns_on_2_cpus(tmp_path):
+    """Before, the third feed's dataset() waited forever: the first two feeds' Ray Data executions,
+    started for their first table and kept for their first pass, held their actors and both CPUs."""
+    result = run_driver("tests.test_stalls", "three_feeds", [str(tmp_path)], timeout=200)
+    assert result["passes"] == [[FEED_ROWS] * 3] * 2
+    assert result["seconds"] < WITHIN_S

@@ -36,7 +36,7 @@ import os
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -158,14 +158,19 @@ class ResumableFeed:
     def dataset(self) -> tf.data.Dataset:
         """Elements ``(features, label, weight)``; each pass (each new iterator, as Keras makes
         per epoch) feeds the next epoch, the first one from the position :meth:`load` set (after
-        :meth:`run_until`, a whole epoch's steps across epoch ends).  With a transform, the first
-        pass's reads start here: its columns are what the transform returns."""
+        :meth:`run_until`, a whole epoch's steps across epoch ends).  With a transform, its first
+        table is read here: the feed's columns are what the transform returns."""
         fetch_rows = None
         if self._plans is None:
             fetch_rows = self._fetch_rows()
-            segment = self._segments(self._next)[0]
-            self._ahead = _Ahead((*segment, fetch_rows), self._reads(*segment, fetch_rows))
-            schema = self._ahead.first().schema
+            # The reads stop at that table: a Ray Data execution kept for the first pass would hold
+            # its actors' CPUs meanwhile, and another feed of the process, reading first, could wait
+            # for them forever (two feeds on a cluster without a spare CPU).
+            reads = self._reads(*self._segments(self._next)[0], fetch_rows)
+            try:
+                schema = next(reads).schema
+            finally:
+                reads.close()
             plans = column_plans(schema, [*self._names, WEIGHT_COLUMN], self._defaults)
         else:
             plans = self._plans
@@ -262,6 +267,9 @@ class ResumableFeed:
         self._next = (segments[-1][0].after(segments[-1][1], segments[-1][2], self.batch_size) if segments
                       else self._next)
         following = [*segments[1:], *self._segments(self._next)[:1]]
+        # A transformed feed reads ahead only within its pass, for the same reason as in dataset();
+        # plain read tasks end when their table is made, and hold no CPU while it waits.
+        last_ahead = len(following) if self._transform is None else len(segments) - 1
         for i, (start, assignment, take) in enumerate(segments):
             key = (start, assignment, take, fetch_rows)
             ahead, self._ahead = self._ahead, None
@@ -270,11 +278,12 @@ class ResumableFeed:
             for table in tables:
                 left -= table.num_rows
                 if left <= max(_AHEAD_FETCHES * fetch_rows, take * self.batch_size // _AHEAD_PART) \
-                        and self._ahead is None and i < len(following):
+                        and self._ahead is None and i < last_ahead:
                     self._ahead = _Ahead((*following[i], fetch_rows), self._reads(*following[i], fetch_rows))
                 yield table
 
-    def _reads(self, position: Position, assignment: Assignment, take: int, fetch_rows: int) -> Iterator[pa.Table]:
+    def _reads(self, position: Position, assignment: Assignment, take: int,
+               fetch_rows: int) -> Generator[pa.Table, None, None]:
         share = assignment.shares[self.rank]
         # The padding repeats the share's first rows, which this pass has just fed: they are copied
         # here, not read again (a block's decode per rank and epoch: make bench, resume section).
@@ -348,7 +357,7 @@ def _task_reads(reader: PieceReader, groups: Sequence[Any]) -> Iterator[pa.Table
         yield fetched(pending.popleft())
 
 
-def _rebatched(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+def _rebatched(tables: Iterable[pa.Table], rows: int) -> Generator[pa.Table, None, None]:
     """``tables`` cut and joined into tables of ``rows`` rows, the last one shorter."""
     held: list[pa.Table] = []
     have = 0
@@ -421,13 +430,6 @@ class _Ahead:
             pass
         except BaseException as error:  # raised again in the pass that feeds the epoch
             self._error = error
-
-    def first(self) -> pa.Table:
-        """The first table (waiting for it): what a transform returns, for the feed's columns."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._head[0]
 
     def tables(self) -> Iterator[pa.Table]:
         self._thread.join()
