@@ -5,7 +5,8 @@
     from ray_tfrecord.tf import (ReportCheckpoint, ResumableFeed, plan_splits, restore,
                                  tensorflow_trainer, tf_dataset)
 
-``tf_dataset`` feeds a Ray dataset shard to Keras or a custom loop; ``plan_splits`` and
+``tf_dataset`` feeds a Ray dataset shard to Keras or a custom loop; ``tfrecord_dataset`` reads a
+dataset with TensorFlow's own ops, without Ray (parameter-server workers, TPU hosts); ``plan_splits`` and
 ``ResumableFeed`` give a feed that resumes mid-epoch; ``tensorflow_trainer`` builds Ray Train's
 ``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range);
 ``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model; ``inference`` and
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
     from ray_tfrecord._src.tf.feed import tf_dataset
     from ray_tfrecord._src.tf.inference import inference, predict
+    from ray_tfrecord._src.tf.native_reader import tfrecord_dataset
     from ray_tfrecord._src.tf.resume import ResumableFeed
     from ray_tfrecord._src.tf.train import KerasVersionError, tensorflow_trainer
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 # in a Keras 3 worker that never checkpoints with ReportCheckpoint.
 _LAZY = {
     "tf_dataset": "ray_tfrecord._src.tf.feed",
+    "tfrecord_dataset": "ray_tfrecord._src.tf.native_reader",
     "ResumableFeed": "ray_tfrecord._src.tf.resume",
     "plan_splits": "ray_tfrecord._src.io.splits",
     "SplitPlan": "ray_tfrecord._src.io.splits",
@@ -50,7 +53,7 @@ _LAZY = {
 
 __all__ = [
     "MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference", "plan_splits",
-    "predict", "restore", "tensorflow_trainer", "tf_dataset",
+    "predict", "restore", "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
 ]
 
 
