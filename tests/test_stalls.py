@@ -9,6 +9,7 @@ driver of their own. Each job is timed: it finishes, or says what it waits for, 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -54,21 +55,34 @@ def repro_job(src: str, model: str, out: str, checkpoint: str, options: dict) ->
     DataContext.get_current().wait_for_min_actors_s = 300
     ds = read_tfrecords(src, override_num_blocks=READ_TASKS).map_batches(slow_read, batch_size=None,
                                                                          batch_format="pyarrow")
+    said = _Said()
+    logging.getLogger("ray_tfrecord").addHandler(said)
     started = time.monotonic()
     try:
         inference(ds, model, out, feature_columns="x", key_columns=["key"], checkpoint_path=checkpoint,
                   min_rows_per_file=250, **options)
+        error = None
     except StallError as e:
-        print("RESULT " + json.dumps({"error": str(e), "seconds": time.monotonic() - started}))
-    else:
-        print("RESULT " + json.dumps({"error": None, "seconds": time.monotonic() - started}))
+        error = str(e)
+    print("RESULT " + json.dumps({"error": error, "seconds": time.monotonic() - started, "said": said.lines}))
     ray.shutdown()
 
 
+class _Said(logging.Handler):
+    """The library's log lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.mark.skipif(not compat.CHECKPOINTS, reason=f"Ray {ray.__version__} has no job checkpointing")
-def test_killed_inference_rerun_on_2_cpus_refuses_then_finishes_once(source, tmp_path):  # noqa: F811
-    """The rerun with defaults refuses at once, naming num_cpus=; with the keyword it names, it writes
-    every key exactly once."""
+def test_killed_inference_rerun_on_2_cpus_finishes_once(source, tmp_path):  # noqa: F811
+    """The rerun with 1 CPU for the predictor refuses at once, naming num_cpus=; with the defaults the
+    predictor takes what is left, says so, and every key is written exactly once."""
     root, expected = source
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     args = [str(root / "src"), str(root / "model.keras"), str(out), str(checkpoint)]
@@ -78,16 +92,19 @@ def test_killed_inference_rerun_on_2_cpus_refuses_then_finishes_once(source, tmp
     killed = [r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows]
     assert len(killed) < ROWS and len(killed) == len(set(killed))
 
-    refused = run_driver("tests.test_stalls", "repro_job", [*args, {}])
+    refused = run_driver("tests.test_stalls", "repro_job", [*args, {"num_cpus": 1.0}])
     assert refused["error"] == (
         "inference would wait forever: it needs 3 CPUs at once (predictor actors 1 x 1 CPU, Ray's checkpoint "
         "filter actor 1 x 1 CPU, one task 1 CPU) and the cluster has 2; pass inference(num_cpus=0) or "
         "ray.init(num_cpus=3) (or a cluster with that many CPUs)")
     assert refused["seconds"] < 5, "the refusal comes before any actor starts"
-    assert [r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows] == killed
+    assert sorted(r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows) == sorted(killed)
 
-    finished = run_driver("tests.test_stalls", "repro_job", [*args, {"num_cpus": 0}])
+    finished = run_driver("tests.test_stalls", "repro_job", [*args, {}])
     assert finished["error"] is None and finished["seconds"] < WITHIN_S
+    assert finished["said"] == [
+        "inference: predictor actors 1 x 0 CPU instead of 1 x 1, so that Ray's checkpoint filter actor 1 x 1 CPU "
+        "and one task 1 CPU fit on this 2-CPU cluster; pass inference(num_cpus=...) to choose"]
     rows = [r for file_rows in output_rows(out, "tfrecord").values() for r in file_rows]
     by_key = {r["key"]: r["prediction"] for r in rows}
     assert len(rows) == ROWS and sorted(by_key) == keys().tolist()  # every key, none twice
@@ -255,12 +272,7 @@ def test_entry_points_on_1_cpu_finish_or_refuse(model, tmp_path):
     outcomes = run_driver("tests.test_stalls", "one_cpu_entry_points", [str(tmp_path), model], timeout=200)
     assert outcomes == {
         "write_tfrecords": None, "read_tfrecords": None,
-        "predict": "predict would wait forever: it needs 2 CPUs at once (predictor actors 1 x 1 CPU, one task "
-                   "1 CPU) and the cluster has 1; pass predict(num_cpus=0) or ray.init(num_cpus=2) (or a cluster "
-                   "with that many CPUs)",
-        "inference": "inference would wait forever: it needs 2 CPUs at once (predictor actors 1 x 1 CPU, one task "
-                     "1 CPU) and the cluster has 1; pass inference(num_cpus=0) or ray.init(num_cpus=2) (or a "
-                     "cluster with that many CPUs)",
+        "predict": None, "inference": None,
         "tf_dataset": None, "ResumableFeed": None,
         "tensorflow_trainer": "tensorflow_trainer would wait forever: it needs 2 CPUs at once (training workers 1 "
                               "x 1 CPU, one task 1 CPU) and the cluster has 1; pass ray.init(num_cpus=2) (or a "

@@ -11,6 +11,7 @@ while no CPU was held by anything but the actors of the jobs it watches (nothing
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 import os
@@ -26,7 +27,7 @@ from ray_tfrecord._src.core.errors import StallError
 from ray_tfrecord._src.io import compat
 
 __all__ = ["CHECKPOINT_FILTER", "STALL_TIMEOUT_ENV", "TASK_CPUS", "Holder", "Watchdog", "checkpoint_holders",
-           "preflight", "set_stall_timeout", "stall_timeout"]
+           "preflight", "set_stall_timeout", "shrunk", "stall_timeout"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,31 @@ def _gpus(holders: Sequence[Holder]) -> float:
     return sum(h.count * h.gpus for h in holders)
 
 
+def _fitting(have_cpus: float, holder: Holder, others: float, task_cpus: float) -> float:
+    """The CPUs per actor of ``holder`` that leave one task its CPUs beside ``others`` (negative: none)."""
+    return math.floor(100 * (have_cpus - task_cpus - others) / holder.count) / 100
+
+
+def shrunk(job: str, holder: Holder, others: Sequence[Holder], *, keyword: str,
+           task_cpus: float = TASK_CPUS) -> Holder:
+    """``holder`` with fewer CPUs per actor when the cluster cannot hold it, ``others`` and one task,
+    but can with a fraction (or none: the actors then share the tasks' CPUs), said in one log line;
+    else ``holder`` as it is. For actors whose CPUs the caller left at their default (``keyword``)."""
+    if not ray.is_initialized():
+        return holder
+    have = ray.cluster_resources().get("CPU", 0.0)
+    if holder.count * holder.cpus + _cpus(others) + task_cpus <= have + _EPS:
+        return holder
+    fitting = _fitting(have, holder, _cpus(others), task_cpus)
+    if fitting < 0:
+        return holder
+    held = " and ".join([*(str(h) for h in others), f"one task {task_cpus:g} CPU"])
+    logger.warning("%s: %s %d x %g CPU instead of %d x %g, so that %s fit on this %g-CPU cluster; pass "
+                   "%s(%s=...) to choose", job, holder.what, holder.count, fitting, holder.count, holder.cpus, held,
+                   have, job, keyword)
+    return dataclasses.replace(holder, cpus=fitting)
+
+
 def preflight(job: str, holders: Sequence[Holder], *, fix: str | None = None, zero_ok: bool = False,
               task_cpus: float = TASK_CPUS) -> None:
     """Raise :class:`StallError` when the cluster cannot hold ``holders`` and one task of
@@ -130,8 +156,7 @@ def preflight(job: str, holders: Sequence[Holder], *, fix: str | None = None, ze
         fixes = []
         if fix is not None and holders:
             first = holders[0]
-            fitting = math.floor(100 * (have_cpus - task_cpus - (_cpus(holders) - first.count * first.cpus))
-                                 / first.count) / 100
+            fitting = _fitting(have_cpus, first, _cpus(holders[1:]), task_cpus)
             if fitting > 0 or (fitting == 0 and zero_ok):
                 fixes.append(fix.format(cpus=f"{fitting:g}"))
         fixes.append(f"ray.init(num_cpus={math.ceil(need_cpus - _EPS)}) (or a cluster with that many CPUs)")

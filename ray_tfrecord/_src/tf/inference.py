@@ -151,7 +151,7 @@ def predict(
     defaults: Mapping[str, Any] | None = None,
     batch_size: int = 256,
     concurrency: int = 1,
-    num_cpus: float = 1.0,
+    num_cpus: float | None = None,
     num_gpus: float = 0.0,
     **renamed: Any,
 ) -> Dataset:
@@ -178,7 +178,11 @@ def predict(
             on the driver when the dataset's schema is known.
         batch_size: Rows per model call.
         concurrency: Number of model-holding actors.
-        num_cpus: CPUs reserved per actor (fractions allowed).
+        num_cpus: CPUs reserved per actor (fractions allowed). By default 1; on a
+            cluster too small to hold that beside one read task (and Ray's checkpoint
+            filter actor, on a checkpointed job's rerun) the most that fits, down to 0,
+            and a log line says so. A job that cannot fit raises :class:`~ray_tfrecord.StallError`
+            before it starts, naming the ``num_cpus`` that fits.
         num_gpus: GPUs reserved per actor.
 
     Returns:
@@ -190,9 +194,9 @@ def predict(
     if output_column in key_columns:
         raise ValueError(f"output_column {output_column!r} clashes with a key column")
     _check_defaults(ds, features, defaults)
-    progress.preflight("predict", [_predictors(concurrency, num_cpus, num_gpus),
-                                   *progress.checkpoint_holders(ds.context)], fix="predict(num_cpus={cpus})",
-                       zero_ok=True)
+    others = progress.checkpoint_holders(ds.context)
+    predictors = _predictors("predict", concurrency, num_cpus, num_gpus, others)
+    progress.preflight("predict", [predictors, *others], fix="predict(num_cpus={cpus})", zero_ok=True)
     return ds.map_batches(
         _Predictor,
         fn_constructor_kwargs={
@@ -206,13 +210,17 @@ def predict(
         batch_format="pyarrow",
         zero_copy_batch=True,
         **compat.actor_pool_args(concurrency),
-        num_cpus=num_cpus,
+        num_cpus=predictors.cpus,
         num_gpus=num_gpus,
     )
 
 
-def _predictors(concurrency: int, num_cpus: float, num_gpus: float) -> progress.Holder:
-    return progress.Holder("predictor actors", concurrency, num_cpus, num_gpus)
+def _predictors(job: str, concurrency: int, num_cpus: float | None, num_gpus: float,
+                others: list[progress.Holder]) -> progress.Holder:
+    """The predictor actors: ``num_cpus`` each, or by default 1, or what fits beside ``others`` and
+    one task on a small cluster."""
+    holder = progress.Holder("predictor actors", concurrency, 1.0 if num_cpus is None else num_cpus, num_gpus)
+    return holder if num_cpus is not None else progress.shrunk(job, holder, others, keyword="num_cpus")
 
 
 def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> Any:
@@ -248,7 +256,7 @@ def inference(
     defaults: Mapping[str, Any] | None = None,
     batch_size: int = 256,
     concurrency: int = 1,
-    num_cpus: float = 1.0,
+    num_cpus: float | None = None,
     num_gpus: float = 0.0,
     checkpoint_path: str | os.PathLike[str] | None = None,
     min_rows_per_file: int | None = None,
@@ -283,11 +291,13 @@ def inference(
     if min_rows_per_file is not None and min_rows_per_file <= 0:
         raise ValueError(f"min_rows_per_file must be positive, got {min_rows_per_file}")
     config = None
-    holders = [_predictors(concurrency, num_cpus, num_gpus)]
+    others = []
     if checkpoint_path is not None:
         config = _checkpoint_config(key_columns, os.fspath(checkpoint_path))
         if compat.checkpoint_started(config):
-            holders.append(progress.CHECKPOINT_FILTER)
+            others.append(progress.CHECKPOINT_FILTER)
+    predictors = _predictors("inference", concurrency, num_cpus, num_gpus, others)
+    holders = [predictors, *others]
     fix = "inference(num_cpus={cpus})"
     progress.preflight("inference", holders, fix=fix, zero_ok=True)
     out = predict(
@@ -299,7 +309,7 @@ def inference(
         defaults=defaults,
         batch_size=batch_size,
         concurrency=concurrency,
-        num_cpus=num_cpus,
+        num_cpus=predictors.cpus,
         num_gpus=num_gpus,
     )
     # The job's context is the input's (datasets derived from one share it): checkpointing is on for
