@@ -71,7 +71,7 @@ def _committed_only(store: Store, name: str) -> None:
     manifest = read_manifest(store.fs, store.path(name))
     assert manifest is not None
     listed = sorted(e.rel_path for e in manifest.entries)
-    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"])
+    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"]), (store.keys(name), listed)
 
 
 def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
@@ -210,3 +210,41 @@ def unlisted(store: Store, name: str) -> list[str]:
         return []
     return [posixpath.basename(p) for p in unlisted_files(store.fs, store.path(name), manifest)]
 
+
+
+# -- a checkpointed job --------------------------------------------------------------------
+
+
+def _store_env(store: Store, monkeypatch) -> None:
+    """What a user's environment gives a driver started without ``filesystem=``: the store's endpoint."""
+    if store.kind == "gcs":
+        monkeypatch.setenv(EMULATOR_ENV, f"http://{store.endpoint}")
+    else:
+        for key, value in (("AWS_ENDPOINT_URL", f"http://{store.endpoint}"), ("AWS_ACCESS_KEY_ID", "testing"),
+                           ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+            monkeypatch.setenv(key, value)
+
+
+def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store, tmp_path, monkeypatch):
+    """Ray's job checkpointing, ``overwrite`` of an older dataset: killed with a task's files at their final
+    keys and its ids still pending. Our readers still see the old dataset; the rerun (Ray's recovery deletes
+    the pending task's files and its record) writes those rows again, and the commit lists every run's files."""
+    from tests.test_checkpoint_jobs import job, write_source
+
+    _store_env(store, monkeypatch)
+    name = "job"
+    uri = store.scheme + store.path(name)
+    ids = write_source(tmp_path / "src")
+    write_tfrecords(_rows(range(-20, 0)), uri, filesystem=store.fs)
+    marker = tmp_path / "halted"
+    args = [str(tmp_path / "src"), uri, str(tmp_path / "checkpoint")]
+    options = {"mode": "overwrite", "max_rows_per_file": 300, "min_rows_per_file": 200, "num_cpus": 2}
+    run_driver("tests.test_checkpoint_jobs", job.__name__, [*args, {**options, "fault": "published",
+                                                                    "marker": str(marker)}],
+               kill_when=marker.exists, what="published")
+    assert store.ids(name) == list(range(-20, 0))  # the manifest hides the killed run's files
+    rerun = run_driver("tests.test_checkpoint_jobs", job.__name__, [*args, options])
+    assert rerun is not None and 0 < rerun["rows"] < len(ids)  # the first run's committed tasks are not redone
+    assert store.ids(name) == ids
+    assert orphans(store.fs, store.path(name)) == []
+    _committed_only(store, name)

@@ -86,6 +86,7 @@ from ray_tfrecord._src.io.dataset_files import (
     list_old_files,
     listed_entries,
     parallel,
+    remove,
     remove_empty_dirs,
     remove_orphan_sidecars,
     unlisted_files,
@@ -368,7 +369,8 @@ class Commit:
         new = _entries(staged)
         checkpointed = self.checkpoint is not None
         if checkpointed:
-            new = [*self._task_files(), *new]
+            # This run's tasks recorded their files too: each once.
+            new = list({e.rel_path: e for e in [*self._task_files(), *new]}.values())
             replaces = self._marked(_OVERWRITE)
             written = [*self._schema_records(), *schemas]
             if replaces:
@@ -480,7 +482,7 @@ class Commit:
 
     def _remove_staging(self) -> None:
         if self.filesystem.get_file_info(self.staging).type != pafs.FileType.NotFound:
-            self.filesystem.delete_dir(self.staging)
+            remove(self.filesystem, [self.staging])
         # `_temporary` is shared with concurrent writers: a check-then-delete could wipe a staging
         # directory created in between, or fail on one another writer removed first. Locally an
         # rmdir is atomic and refuses a non-empty directory; elsewhere delete_dir removes a whole

@@ -102,9 +102,15 @@ def orphans(fs: pafs.FileSystem, path: str) -> list[str]:
 
 
 def remove(fs: pafs.FileSystem, paths: Sequence[str]) -> None:
-    """Delete files and directories, in parallel."""
-    kinds = {e.path: e.type for e in fs.get_file_info(list(paths))}
-    parallel(lambda p: fs.delete_dir(p) if kinds.get(p) == pafs.FileType.Directory else fs.delete_file(p), paths)
+    """Delete files and directories, the files in parallel. A directory's files go first: on an object store
+    a directory is only their common prefix, and GCS's ``delete_dir`` fails on one without a marker object."""
+    directories = [e.path for e in fs.get_file_info(list(paths)) if e.type == pafs.FileType.Directory]
+    inside = [e.path for d in directories for e in fs.get_file_info(pafs.FileSelector(d, recursive=True))
+              if e.is_file]
+    parallel(fs.delete_file, [p for p in paths if p not in directories] + inside)
+    for d in directories:
+        if fs.get_file_info(d).type == pafs.FileType.Directory:
+            fs.delete_dir(d)
 
 
 def parallel(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:

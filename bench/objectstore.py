@@ -1,0 +1,124 @@
+"""Writes and reads on object stores: local S3 (moto) and GCS (fake-gcs-server) behind a proxy that adds
+20 ms to every request (one cloud round trip) and counts them (bench/proxy.py).
+
+The same rows, cut into the same number of files (64 and 1,024) by each writer, same run: our
+``write_tfrecords`` (files at their final keys, one manifest write commits), Ray's ``write_parquet``
+and Ray's own ``write_tfrecords``; then our ``read_tfrecords`` beside Ray's ``read_parquet``. Each row's
+note gives the seconds, the commit's seconds (ours: ``Commit.finish`` on the driver; Ray's file writers
+have no commit) and the requests per data file.
+
+    python -m bench --only objectstore
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from bench.proxy import LatencyProxy
+from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
+
+LATENCY_S = 0.020
+ROWS = 200_000
+FILE_COUNTS = (64, 1024)
+BUCKET = "bench"
+_STORES = {"s3": (moto_s3, s3_filesystem, "s3://"), "gcs": (fake_gcs, gcs_filesystem, "gs://")}
+
+
+def _table(rows: int) -> pa.Table:
+    rng = np.random.default_rng(0)
+    return pa.table({"id": np.arange(rows, dtype=np.int64),
+                     "label": rng.integers(0, 10, rows),
+                     "x": pa.FixedSizeListArray.from_arrays(rng.random(rows * 8, dtype=np.float32), 8)
+                     .cast(pa.list_(pa.float32())),
+                     "word": pa.array([f"w{i % 977}" for i in range(rows)])})
+
+
+class _CommitClock:
+    """The seconds our driver spends in ``Commit.finish`` (the commit), summed over a write."""
+
+    def __init__(self) -> None:
+        from ray_tfrecord._src.io.commit import Commit
+
+        self.seconds = 0.0
+        real = Commit.finish
+        clock = self
+
+        def timed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return real(self, *args, **kwargs)
+            finally:
+                clock.seconds += time.perf_counter() - t0
+
+        Commit.finish = timed  # type: ignore[method-assign]
+
+
+def _timed(proxy: LatencyProxy, call) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    proxy.reset()
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0, proxy.count()
+
+
+def _store_rows(kind: str, ds, rows: int, mb: float, clock: _CommitClock) -> list[dict]:  # type: ignore[no-untyped-def]
+    import ray
+
+    import ray_tfrecord
+
+    start, filesystem, scheme = _STORES[kind]
+    out: list[dict] = []
+    with start(BUCKET) as endpoint, LatencyProxy(endpoint, LATENCY_S) as proxy:
+        fs = filesystem(proxy.endpoint)
+        for files in FILE_COUNTS:
+            per_file = rows // files
+            data = ds.repartition(files).materialize()
+            dataset = f"{kind}, {files} files"
+            base = f"{scheme}{BUCKET}/{files}"
+
+            def row(impl: str, seconds: float, requests: int, extra: str = "") -> dict:
+                return {"bench": "objectstore", "dataset": dataset, "impl": impl, "rows_per_s": rows / seconds,
+                        "mb_per_s": mb / seconds,
+                        "note": f"{seconds:.1f} s{extra}; {requests / files:.1f} requests per file "
+                                f"({LATENCY_S * 1000:.0f} ms each)"}
+
+            clock.seconds = 0.0
+            seconds, requests = _timed(proxy, lambda: ray_tfrecord.write_tfrecords(
+                data, f"{base}/ours", filesystem=fs, min_rows_per_file=per_file, max_rows_per_file=per_file))
+            out.append(row("ray_tfrecord write_tfrecords", seconds, requests,
+                           f" (commit {clock.seconds:.2f} s, {clock.seconds / seconds:.0%})"))
+            seconds, requests = _timed(proxy, lambda: data.write_parquet(
+                f"{base}/parquet", filesystem=fs, min_rows_per_file=per_file, max_rows_per_file=per_file))
+            out.append(row("Ray write_parquet", seconds, requests))
+            # Ray's write_tfrecords has no max_rows_per_file: one block per file, gathered to per_file rows.
+            seconds, requests = _timed(proxy, lambda: data.write_tfrecords(
+                f"{base}/ray_tfrecords", filesystem=fs, min_rows_per_file=per_file))
+            out.append(row("Ray write_tfrecords", seconds, requests))
+            seconds, requests = _timed(proxy, lambda: ray_tfrecord.read_tfrecords(
+                f"{base}/ours", filesystem=fs).materialize())
+            out.append(row("ray_tfrecord read_tfrecords", seconds, requests))
+            seconds, requests = _timed(proxy, lambda: ray.data.read_parquet(
+                f"{base}/parquet", filesystem=fs).materialize())
+            out.append(row("Ray read_parquet", seconds, requests))
+            for r in out[-5:]:
+                print(f"  {r['dataset']}: {r['impl']}: {r['note']}", flush=True)
+    return out
+
+
+def run(ctx) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Benchmark rows for ``bench/__main__.py``."""
+    import ray
+
+    ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = ROWS if ctx.tabular_rows >= 100_000 else 20_000  # --quick: a tenth
+    table = _table(rows)
+    ds = ray.data.from_arrow(table).materialize()
+    clock = _CommitClock()
+    out: list[dict] = []
+    for kind in sorted(_STORES):
+        out += _store_rows(kind, ds, rows, table.nbytes / 1e6, clock)
+    ray.shutdown()
+    return out
