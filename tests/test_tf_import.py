@@ -65,7 +65,7 @@ from ray_tfrecord._src.io.splits import plan_splits as home
 from ray_tfrecord._src.tf.train import KerasVersionError as home_error
 assert plan_splits is home and KerasVersionError is home_error
 assert sorted(rt.__all__) == sorted(["MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed",
-                                     "SplitPlan", "inference", "plan_splits", "predict", "restore",
+                                     "SplitPlan", "TensorBoard", "inference", "plan_splits", "predict", "restore",
                                      "tensorflow_trainer", "tf_dataset", "tfrecord_dataset"])
 assert all(callable(getattr(rt, n)) for n in rt.__all__ if n != "MODEL_FILE") and rt.MODEL_FILE == "model.keras"
 print("heavy before use:", heavy)

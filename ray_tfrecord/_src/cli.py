@@ -6,6 +6,7 @@ examples:
   ray-tfrecord index /data/train             write index sidecars so reads can split files
   ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
   ray-tfrecord clean gs://bucket/train/ --dry-run   what killed writes left behind
+  ray-tfrecord tensorboard /tmp/runs/my_run/tensorboard   TensorBoard on a training run's logs
 
 Per-file work (counting, verifying, indexing, converting) runs as Ray Data jobs, so it is
 parallel and shows Ray Data's progress bars. Exit codes: 0 success; 1 damaged data (a corrupt
@@ -18,11 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
 import posixpath
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Sequence
@@ -238,6 +241,14 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _cmd_tensorboard(args) -> int:
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("TensorBoard is not installed here; pip install tensorboard, or open the logs "
+                         f"where it is: tensorboard --logdir {args.logdir}")
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", args.logdir, "--port", str(args.port)]
+    return subprocess.call(command + (["--bind_all"] if args.bind_all else []))
+
+
 def _guess_format(src: str) -> str:
     for fmt, suffixes in (("parquet", (".parquet", ".pq")), ("csv", (".csv",)),
                           ("json", (".json", ".jsonl"))):
@@ -340,6 +351,14 @@ def _parser() -> argparse.ArgumentParser:
     ):
         flags[p.add_argument(flag, action="store_true", help=help_text).dest] = flag
     p.set_defaults(fn=_cmd_convert, flags=flags)
+
+    p = sub.add_parser("tensorboard", help="TensorBoard on a training run's logs (tensorboard=True)",
+                       description="Start TensorBoard on LOGDIR, the directory tensorflow_trainer(..., "
+                                   "tensorboard=True) printed; needs the tensorboard package.")
+    p.add_argument("logdir", help="the run's TensorBoard directory (<storage_path>/<name>/tensorboard)")
+    p.add_argument("--port", type=int, default=6006, help="the port to serve on (default: 6006)")
+    p.add_argument("--bind-all", action="store_true", help="serve on every network interface, not localhost only")
+    p.set_defaults(fn=_cmd_tensorboard)
     return parser
 
 

@@ -9,8 +9,8 @@
 dataset with TensorFlow's own ops, without Ray (parameter-server workers, TPU hosts); ``plan_splits`` and
 ``ResumableFeed`` give a feed that resumes mid-epoch; ``tensorflow_trainer`` builds Ray Train's
 ``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range);
-``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model; ``inference`` and
-``predict`` run a saved model over a dataset.
+``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model, ``TensorBoard`` logs it;
+``inference`` and ``predict`` run a saved model over a dataset.
 
 TensorFlow is imported here as it is anywhere else: its own messages, a fatal one included, reach
 stderr unchanged.  Each name loads its module (Ray Train, tf_keras) when first used, so this import
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ray_tfrecord._src.tf.inference import inference, predict
     from ray_tfrecord._src.tf.native_reader import tfrecord_dataset
     from ray_tfrecord._src.tf.resume import ResumableFeed
+    from ray_tfrecord._src.tf.tensorboard_logs import TensorBoard
     from ray_tfrecord._src.tf.train import KerasVersionError, tensorflow_trainer
 
 # Where each public name lives. Lazy: Ray Train costs seconds to import, and tf_keras must not load
@@ -47,13 +48,14 @@ _LAZY = {
     "MODEL_FILE": "ray_tfrecord._src.tf.checkpoint",
     "tensorflow_trainer": "ray_tfrecord._src.tf.train",
     "KerasVersionError": "ray_tfrecord._src.tf.train",
+    "TensorBoard": "ray_tfrecord._src.tf.tensorboard_logs",
     "inference": "ray_tfrecord._src.tf.inference",
     "predict": "ray_tfrecord._src.tf.inference",
 }
 
 __all__ = [
-    "MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "inference", "plan_splits",
-    "predict", "restore", "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
+    "MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "TensorBoard", "inference",
+    "plan_splits", "predict", "restore", "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
 ]
 
 

@@ -91,6 +91,7 @@ def tensorflow_trainer(
     checkpoints_to_keep: int | None = 2,
     env_vars: Mapping[str, str] | None = None,
     keras: Literal[2, 3] = 2,
+    tensorboard: bool = False,
 ) -> TensorflowTrainer:
     """A ``TensorflowTrainer`` wired for ``ray_tfrecord`` datasets.
 
@@ -142,6 +143,11 @@ def tensorflow_trainer(
             Keras 3 ``fit`` fails under that strategy (keras-team/keras#20585).
             Every worker checks it before ``train_loop_per_worker`` runs and
             raises :class:`KerasVersionError` naming the fix when it differs.
+        tensorboard: Keep TensorBoard logs under the run's storage path
+            (``<storage_path>/<name>/tensorboard``) and print one line saying how
+            to open them; the training function adds
+            :class:`~ray_tfrecord._src.tf.tensorboard_logs.TensorBoard` to ``fit``'s
+            callbacks, which writes there (the chief's logs).
 
     Raises:
         StallError: if the workers would reserve so many of the cluster's CPUs
@@ -164,6 +170,23 @@ def tensorflow_trainer(
     _check_cpus_left_for_reads(smallest, cpus_per_worker)
     for ds in datasets.values():
         warn_constant_length_lists(ds)
+    # worker_runtime_env: ray.train.RunConfig is Train v2's (the default) at runtime, v1's to mypy.
+    run_config = RunConfig(  # type: ignore[call-arg]
+        name=name,
+        storage_path=storage_path,
+        failure_config=FailureConfig(max_failures=max_failures),
+        checkpoint_config=CheckpointConfig(num_to_keep=checkpoints_to_keep),
+    )
+    worker_env = _worker_env(cpus_per_worker, keras)
+    if tensorboard:
+        # Here, not at the top: it imports tf_keras, which must not load in a Keras 3 worker.
+        from ray_tfrecord._src.tf import tensorboard_logs
+
+        # RunConfig names the run (a timestamp) and the storage (~/ray_results) when the caller did not.
+        log_dir = tensorboard_logs.run_log_dir(str(run_config.storage_path), str(run_config.name))
+        worker_env[tensorboard_logs.TENSORBOARD_DIR_ENV] = log_dir
+        tensorboard_logs.announce(log_dir)
+    run_config.worker_runtime_env = {"env_vars": {**worker_env, **(env_vars or {})}}  # type: ignore[attr-defined]
     return TensorflowTrainer(
         _checked_loop(train_loop_per_worker, keras),
         train_loop_config=dict(train_loop_config or {}),
@@ -174,14 +197,7 @@ def tensorflow_trainer(
             resources_per_worker={"CPU": cpus_per_worker},
         ),
         dataset_config=_IngestConfig(progress_bars=sys.stdout.isatty()),
-        # worker_runtime_env: ray.train.RunConfig is Train v2's (the default) at runtime, v1's to mypy.
-        run_config=RunConfig(  # type: ignore[call-arg]
-            name=name,
-            storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=checkpoints_to_keep),
-            worker_runtime_env={"env_vars": {**_worker_env(cpus_per_worker, keras), **(env_vars or {})}},
-        ),
+        run_config=run_config,
         datasets=dict(datasets),
     )
 
