@@ -23,6 +23,7 @@ from bench.proxy import LatencyProxy
 from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.cli import main as cli
 from ray_tfrecord._src.core import sizes
+from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import read_manifest
@@ -112,6 +113,15 @@ def test_split_reads_use_the_manifest_index(ray_local, store, monkeypatch):
     assert len(tasks) >= 4
     assert all(t.metadata.num_rows is not None for t in tasks)  # exact boundaries: the manifest's index
     assert [r["record"] for t in tasks for b in t() for r in b.to_pylist()] == payloads
+
+    [data] = [k for k in store.keys("big") if k.startswith("part-")]
+    store.fs.delete_file(posixpath.join(store.path("big"), data))
+    with pytest.raises(TFRecordError, match=r"manifest lists this file, but it is gone \(1 of 1 listed files\)"):
+        read_tfrecords(store.scheme + store.path("big"), filesystem=store.fs)
+    with store.fs.open_output_stream(posixpath.join(store.path("big"), MANIFEST_FILE)) as f:
+        f.write(b'{"version": 9}')
+    with pytest.raises(TFRecordError, match="manifest is unreadable .version 9, this package reads 1.; upgrade"):
+        read_tfrecords(store.scheme + store.path("big"), filesystem=store.fs)
 
 
 def test_at_most_six_requests_per_file(ray_local, store):

@@ -66,7 +66,7 @@ class Manifest:
                               None if f["index"] is None else base64.b64decode(f["index"])) for f in doc["files"]])
         except (ValueError, KeyError, TypeError) as e:
             raise TFRecordError(f"the dataset's manifest is unreadable ({e}); upgrade ray_tfrecord if a newer one "
-                                "wrote it, else write the dataset again", path=path) from None
+                                "wrote it, else delete it (readers then read every file there)", path=path) from None
 
     def paths(self, root: str) -> set[str]:
         return {posixpath.join(root, e.rel_path) for e in self.entries}

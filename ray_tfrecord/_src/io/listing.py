@@ -316,7 +316,7 @@ class _Seen:
 def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[list[_Found], dict[str, bytes]]:
     """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
     lists that a whole listing of the root missed), and the indexes it holds, by path."""
-    roots = sorted({dataset_root(f.path) for f in found if f.listed})
+    roots = sorted({dataset_root(f.path) for f in found if f.listed} | (seen.given & seen.manifests))
     unseen = [r for r in roots if not seen.covers(r)]
     with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
         fetched = dict(zip(unseen, pool.map(lambda r: read_manifest(fs, r), unseen)))
@@ -331,8 +331,14 @@ def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[l
     kept = [f._replace(has_index=True) if committed.get(f.path, (0, None))[1] is not None else f
             for f in found if not f.listed or f.path in committed or manifests.get(dataset_root(f.path)) is None]
     have = {f.path for f in kept}
-    kept += [_Found(p, size, index is not None, None, True) for p, (size, index) in sorted(committed.items())
-             if p not in have and dataset_root(p) in seen.given]
+    unlisted = [p for p in sorted(committed) if p not in have and dataset_root(p) in seen.given]
+    infos = fs.get_file_info(unlisted) if unlisted else []
+    gone = [i.path for i in infos if i.type == pafs.FileType.NotFound]
+    if gone:
+        raise TFRecordError(f"the dataset's manifest lists this file, but it is gone ({len(gone)} of {len(committed)} "
+                            "listed files), deleted outside write_tfrecords; restore it, or write the dataset "
+                            "again with mode='overwrite'", path=gone[0])
+    kept += [_Found(i.path, i.size, committed[i.path][1] is not None, None, True) for i in infos]
     return kept, {p: index for p, (_, index) in committed.items() if index is not None}
 
 
