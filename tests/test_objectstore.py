@@ -258,3 +258,15 @@ def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store
     assert store.ids(name) == ids
     assert orphans(store.fs, store.path(name)) == []
     _committed_only(store, name)
+
+
+def test_a_local_commit_drops_a_manifest_copied_from_an_object_store(ray_local, store, tmp_path):
+    """A dataset copied from a bucket to local disk brings its manifest; a local append commits by renames,
+    so the manifest goes, or it would hide the appended rows from our readers."""
+    write_tfrecords(_rows(range(10)), store.scheme + store.path("copied"), filesystem=store.fs)
+    (tmp_path / "copy").mkdir()
+    pafs.copy_files(store.path("copied"), str(tmp_path / "copy"), source_filesystem=store.fs,
+                    destination_filesystem=pafs.LocalFileSystem())
+    assert (tmp_path / "copy" / MANIFEST_FILE).exists()
+    write_tfrecords(_rows(range(10, 15)), str(tmp_path / "copy"), mode="append")
+    assert sorted(r["id"] for r in read_tfrecords(str(tmp_path / "copy")).take_all()) == list(range(15))

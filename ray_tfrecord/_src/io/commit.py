@@ -350,6 +350,9 @@ class Commit:
         else:
             self._remove_staging()
             self._record_schema(schemas, appended_to_data)
+        # A manifest copied here from an object store would hide the files this commit added from our readers.
+        if fs.get_file_info(manifest := posixpath.join(self.path, MANIFEST_FILE)).type == pafs.FileType.File:
+            fs.delete_file(manifest)
         with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
             pass
         if checkpointed:
