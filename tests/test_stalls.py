@@ -145,7 +145,8 @@ def test_watchdog_names_the_starved_tasks_and_the_holders(ray_local, stall_after
     assert message.startswith("the job made no progress for 2 s: its read tasks wait for 1 CPU and 0 of the "
                               "cluster's 2 are free, the rest held by hogs 1 x 2 CPU (GPUs free: 0 of 0; object "
                               "store memory free: "), message
-    assert message.endswith("Pass ray.init(num_cpus=3); for a cluster that is autoscaling, set_stall_timeout(None)")
+    assert message.endswith("GiB). Pass ray.init(num_cpus=3) (or a cluster with that many CPUs); for a cluster that "
+                            "is autoscaling, set_stall_timeout(None)")
     # Ray Data stopped the execution: the cluster's CPUs are free again once the hog is gone.
     deadline = time.monotonic() + 10
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:

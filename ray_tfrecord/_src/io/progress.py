@@ -1,11 +1,12 @@
 """Jobs that cannot progress say so instead of waiting: a check of the cluster before a job starts
-(:func:`preflight`) and a watchdog while it runs (:class:`Watchdog`).
+(:func:`preflight`, with :func:`shrunk` for actors whose CPUs the caller left at their default) and
+a watchdog while it runs (:class:`Watchdog`).
 
 A Ray job waits without a word when its actors hold every CPU its tasks need: Ray keeps the tasks
 pending, and Ray Data at most logs that the job "may hang forever". The check adds up what the
-job's actors hold for its whole run plus one task slot and compares it with the cluster; the
-watchdog fails a running job once, for :func:`stall_timeout` seconds, its consumer got nothing
-while no CPU was held by anything but the actors of the jobs it watches (nothing of theirs ran).
+job's actors hold for its whole run plus one task and compares it with the cluster; the watchdog
+stops a running job once, for :func:`stall_timeout` seconds, no CPU was free for a task and none
+was held by anything but the actors of the watched jobs.
 """
 
 from __future__ import annotations
@@ -132,6 +133,19 @@ def shrunk(job: str, holder: Holder, others: Sequence[Holder], *, keyword: str,
     return dataclasses.replace(holder, cpus=fitting)
 
 
+def _cpu_fixes(holders: Sequence[Holder], have_cpus: float, task_cpus: float, fix: str | None,
+               zero_ok: bool) -> list[str]:
+    """The caller's keyword with the CPUs per actor of the first holder that fit (see
+    :func:`preflight`), where some do, and the cluster that fits them all."""
+    fixes = []
+    if fix is not None and holders:
+        fitting = _fitting(have_cpus, holders[0], _cpus(holders[1:]), task_cpus)
+        if fitting > 0 or (fitting == 0 and zero_ok):
+            fixes.append(fix.format(cpus=f"{fitting:g}"))
+    need = math.ceil(_cpus(holders) + task_cpus - _EPS)
+    return [*fixes, f"ray.init(num_cpus={need}) (or a cluster with that many CPUs)"]
+
+
 def preflight(job: str, holders: Sequence[Holder], *, fix: str | None = None, zero_ok: bool = False,
               task_cpus: float = TASK_CPUS) -> None:
     """Raise :class:`StallError` when the cluster cannot hold ``holders`` and one task of
@@ -153,13 +167,7 @@ def preflight(job: str, holders: Sequence[Holder], *, fix: str | None = None, ze
     held = ", ".join([*(str(h) for h in holders), f"one task {task_cpus:g} CPU"])
     if need_cpus > have_cpus + _EPS:
         short = f"{need_cpus:g} CPUs at once ({held}) and the cluster has {have_cpus:g}"
-        fixes = []
-        if fix is not None and holders:
-            first = holders[0]
-            fitting = _fitting(have_cpus, first, _cpus(holders[1:]), task_cpus)
-            if fitting > 0 or (fitting == 0 and zero_ok):
-                fixes.append(fix.format(cpus=f"{fitting:g}"))
-        fixes.append(f"ray.init(num_cpus={math.ceil(need_cpus - _EPS)}) (or a cluster with that many CPUs)")
+        fixes = _cpu_fixes(holders, have_cpus, task_cpus, fix, zero_ok)
     else:
         short = f"{need_gpus:g} GPUs at once ({held}) and the cluster has {have_gpus:g}"
         fixes = [f"ray.init(num_gpus={math.ceil(need_gpus - _EPS)}) (or a cluster with that many GPUs)"]
@@ -181,32 +189,28 @@ _watching_lock = threading.Lock()
 
 class Watchdog:
     """Fails the job run in its ``with`` block with :class:`StallError` when, for
-    :func:`stall_timeout` seconds, :meth:`tick` was not called and every CPU that is not free is
-    held by the holders of the watched jobs: nothing of theirs ran and their tasks wait.
+    :func:`stall_timeout` seconds, less than a task's CPUs were free and every CPU that was not
+    was held by the holders of the watched jobs: nothing else ran, so their tasks wait for them.
 
     The error is raised in the thread that entered the block, which must come back to Python now
-    and then (Ray Data's consumer polls; a plain ``ray.get`` must wait with a timeout)."""
+    and then (Ray Data's consumer polls every 10 ms). A block inside another's in the same thread
+    is the outer one's."""
 
     def __init__(self, job: str, holders: Sequence[Holder], *, waiting: str = "its tasks",
-                 fix: str | None = None, task_cpus: float = TASK_CPUS) -> None:
-        self.job, self.holders, self.waiting, self.fix, self.task_cpus = job, list(holders), waiting, fix, task_cpus
+                 fix: str | None = None, zero_ok: bool = False, task_cpus: float = TASK_CPUS) -> None:
+        self.job, self.holders, self.waiting, self.task_cpus = job, list(holders), waiting, task_cpus
+        self.fix, self.zero_ok = fix, zero_ok
         self.message: str | None = None
-        self._last = time.monotonic()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._target = 0
         self._lock = threading.Lock()
-
-    def tick(self) -> None:
-        """Rows reached the job's consumer."""
-        self._last = time.monotonic()
 
     def __enter__(self) -> Watchdog:
         seconds = stall_timeout()
         if seconds is not None and ray.is_initialized() and not getattr(_local, "watched", False):
             _local.watched = True
             self._target = threading.get_ident()
-            self._last = time.monotonic()
             with _watching_lock:
                 _watching.append(self)
             self._thread = threading.Thread(target=self._watch, args=(seconds,), name=f"{self.job}-watchdog",
@@ -239,7 +243,7 @@ class Watchdog:
             now = time.monotonic()
             if free_cpus + _EPS >= self.task_cpus or running + _EPS >= self.task_cpus:
                 since = now  # a task can start, or one is running
-            if now - max(since, self._last) < seconds:
+            if now - since < seconds:
                 continue
             message = self._explain(seconds, holders, total, free)
             with self._lock:
@@ -254,8 +258,7 @@ class Watchdog:
                  free: dict[str, float]) -> str:
         gib = 1024**3
         held = ", ".join(str(h) for h in holders) or "nothing of the watched jobs"
-        fixes = [self.fix] if self.fix else []
-        fixes.append(f"ray.init(num_cpus={math.ceil(_cpus(holders) + self.task_cpus - _EPS)})")
+        fixes = _cpu_fixes(holders, total.get("CPU", 0.0), self.task_cpus, self.fix, self.zero_ok)
         return (f"{self.job} made no progress for {seconds:g} s: {self.waiting} wait for {self.task_cpus:g} CPU and "
                 f"{free.get('CPU', 0.0):g} of the cluster's {total.get('CPU', 0.0):g} are free, the rest held by "
                 f"{held} (GPUs free: {free.get('GPU', 0.0):g} of {total.get('GPU', 0.0):g}; object store memory "

@@ -321,7 +321,7 @@ def inference(
         if output_format == "parquet" and compat.checkpoint_started(config):
             mode = "append"  # Ray's Parquet writer would apply mode again on a rerun, deleting or refusing
     try:
-        with progress.Watchdog("inference", holders, waiting="its read and map tasks", fix=fix):
+        with progress.Watchdog("inference", holders, waiting="its read and map tasks", fix=fix, zero_ok=True):
             if output_format == "tfrecord":
                 write_tfrecords(out, os.fspath(output_path), mode=mode, min_rows_per_file=min_rows_per_file)
             else:
