@@ -30,8 +30,10 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,13 +56,15 @@ _TF_COMPRESSION = {None: "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 @dataclass(frozen=True)
 class Run:
-    """Records of one file read in one go: from byte ``offset`` skip ``skip`` records, then take ``take``."""
+    """Records of one file read in one go: from byte ``offset`` skip ``skip`` records, then take ``take``,
+    which ``to_eof`` are the rest of the file."""
 
     path: str
     offset: int
     skip: int
     take: int
     compression: str  # TensorFlow's spelling: "", "GZIP" or "ZLIB"
+    to_eof: bool
 
 
 def shard_runs(plan: SplitPlan, index: int, count: int) -> list[Run]:
@@ -72,15 +76,16 @@ def shard_runs(plan: SplitPlan, index: int, count: int) -> list[Run]:
     fs = compat.unpickled_filesystem(plan.filesystem)
     runs: list[Run] = []
     first = 0
-    for split in plan.splits:
+    for i, split in enumerate(plan.splits):
         begin, end = max(lo, first), min(hi, first + split.rows)
         if begin < end:
+            to_eof = end == first + split.rows and (i + 1 == len(plan.splits) or plan.splits[i + 1].path != split.path)
             last = runs[-1] if runs else None
             if last is not None and last.path == split.path and split.end is not None and begin == first:
-                runs[-1] = Run(last.path, last.offset, last.skip, last.take + end - begin, last.compression)
+                runs[-1] = replace(last, take=last.take + end - begin, to_eof=to_eof)
             else:
                 runs.append(Run(split.path, split.start, begin - first, end - begin,
-                                _compression(fs, plan, split.path, compressed=split.end is None)))
+                                _compression(fs, plan, split.path, compressed=split.end is None), to_eof))
         first += split.rows
         if first >= hi:
             break
@@ -227,17 +232,20 @@ def tfrecord_dataset(
     }
     constants = {c: tf.constant(v, plans[c].dtype) for c, v in
                  _partition_values(plan, runs, attached, plans, defaults).items()}
-    pieces = tf.data.Dataset.from_tensor_slices(table)
-    if shuffle_buffer is not None:
-        pieces = pieces.shuffle(max(1, len(runs)), seed=seed, reshuffle_each_iteration=True)
-    reader = _RunReader(with_run=bool(attached))
-    records = (pieces.flat_map(reader) if num_parallel_reads is None else
-               pieces.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads,
-                                 deterministic=True))
+    if attached or shuffle_buffer is not None or num_parallel_reads is not None:
+        pieces = tf.data.Dataset.from_tensor_slices(table)
+        if shuffle_buffer is not None:
+            pieces = pieces.shuffle(max(1, len(runs)), seed=seed, reshuffle_each_iteration=True)
+        reader = _RunReader(with_run=bool(attached))
+        records = (pieces.flat_map(reader) if num_parallel_reads is None else
+                   pieces.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads,
+                                     deterministic=True))
+    else:
+        records = _stream(runs, table)
     if shuffle_buffer is not None:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     batches, tail = divmod(rows, rows_per_element)
-    if drop_last:
+    if drop_last and tail:
         records = records.take(batches * rows_per_element)
     elif tail:
         batches += 1
@@ -250,6 +258,40 @@ def tfrecord_dataset(
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def _records(paths: tf.Tensor, offsets: tf.Tensor, compression: tf.Tensor | str) -> tf.data.Dataset:
+    """The records of ``paths``, each file's from its byte offset on: TFRecordDataset with the op's
+    ``byte_offsets``, which its Python class does not take."""
+    variant = tf.raw_ops.TFRecordDatasetV2(filenames=paths, compression_type=compression,
+                                           buffer_size=tf.constant(_READ_BUFFER_BYTES, tf.int64), byte_offsets=offsets)
+    return tf.data.experimental.from_variant(variant, tf.TensorSpec((), tf.string))
+
+
+def _stream(runs: Sequence[Run], table: Mapping[str, tf.Tensor]) -> tf.data.Dataset:
+    """The runs' records in order as one stream, cut by a skip and a take only where the shard starts or
+    ends inside a file: a shard of whole files is TFRecordDataset over them, record for record.
+
+    Every run but the last goes to its file's end (a shard is contiguous), so reading each run's file
+    from the run's offset on and skipping the first run's first records gives exactly the shard's."""
+    if not runs:
+        return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
+    parts, at = [], 0
+    for (compression, from_start), group in itertools.groupby(runs, key=lambda r: (r.compression, r.offset == 0)):
+        n = len(list(group))
+        paths, offsets = table["path"][at:at + n], table["offset"][at:at + n]
+        at += n
+        if from_start:
+            parts.append(tf.data.TFRecordDataset(paths, compression))
+        else:
+            # Built inside a function: iterating a top-level TFRecordDatasetV2 serializes it, and its
+            # serialization drops byte_offsets (TensorFlow 2.21: "3 inputs specified of 4").
+            parts.append(tf.data.Dataset.from_tensors((paths, offsets)).flat_map(
+                functools.partial(_records, compression=compression)))
+    records = functools.reduce(tf.data.Dataset.concatenate, parts)
+    if runs[0].skip:
+        records = records.skip(runs[0].skip)
+    return records if runs[-1].to_eof else records.take(sum(r.take for r in runs))
+
+
 @dataclass(frozen=True)
 class _RunReader:
     """One run's records, read from its byte offset; with ``with_run`` each paired with the run's number
@@ -259,10 +301,7 @@ class _RunReader:
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, run: dict[str, tf.Tensor]) -> tf.data.Dataset:
-        variant = tf.raw_ops.TFRecordDatasetV2(
-            filenames=tf.reshape(run["path"], (1,)), compression_type=run["compression"],
-            buffer_size=tf.constant(_READ_BUFFER_BYTES, tf.int64), byte_offsets=tf.reshape(run["offset"], (1,)))
-        records = tf.data.experimental.from_variant(variant, tf.TensorSpec((), tf.string))
+        records = _records(tf.reshape(run["path"], (1,)), tf.reshape(run["offset"], (1,)), run["compression"])
         records = records.skip(run["skip"]).take(run["take"])
         if not self.with_run:
             return records
