@@ -27,6 +27,7 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.io.dataset_files import orphans, unlisted_files
 from ray_tfrecord._src.io.datasource import TFRecordDatasource
 from ray_tfrecord._src.io.splits import plan_splits
@@ -137,11 +138,13 @@ def test_at_most_six_requests_per_file(ray_local, store):
     assert sum(counts.values()) / files <= 6, counts
 
 
-def test_gs_paths_need_no_filesystem(ray_local, store, monkeypatch):
-    if store.kind != "gcs":
-        pytest.skip("gs:// only")
-    monkeypatch.setenv(EMULATOR_ENV, f"http://{store.endpoint}")
-    uri = f"gs://{store.path('plain')}"
+def test_paths_need_no_filesystem(ray_local, store, monkeypatch):
+    if store.kind == "s3":
+        # s3:// resolved without filesystem= since 0.1. Here a Ray worker started before the AWS_* variables
+        # were set uploads with aws-chunked encoding, which moto stores undecoded (S3 itself decodes it).
+        pytest.skip("s3:// paths were already resolved this way; see the comment")
+    _store_env(store, monkeypatch)
+    uri = store.scheme + store.path("plain")
     write_tfrecords(_rows(range(20)), uri, max_rows_per_file=5)
     assert sorted(r["id"] for r in read_tfrecords(uri).take_all()) == list(range(20))
     assert cli(["clean", uri]) == 0
@@ -235,6 +238,7 @@ def _store_env(store: Store, monkeypatch) -> None:
             monkeypatch.setenv(key, value)
 
 
+@pytest.mark.skipif(not compat.CHECKPOINTS, reason=f"Ray {ray.__version__} has no job checkpointing")
 def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store, tmp_path, monkeypatch):
     """Ray's job checkpointing, ``overwrite`` of an older dataset: killed with a task's files at their final
     keys and its ids still pending. Our readers still see the old dataset; the rerun (Ray's recovery deletes
