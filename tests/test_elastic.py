@@ -15,6 +15,7 @@ import pytest
 import ray
 import tensorflow as tf
 
+from ray_tfrecord import StallError
 from ray_tfrecord._src.io import compat
 from ray_tfrecord.tf import ResumableFeed, tensorflow_trainer
 
@@ -67,7 +68,7 @@ def test_a_range_reaches_ray_train_and_the_cpu_check_counts_its_smallest_group(r
     assert trainer.scaling_config.elasticity_enabled
     # Two CPUs: one worker of 1 CPU leaves one for reading, two would not; the check is of the smallest group.
     tensorflow_trainer(_loop, datasets={}, num_workers=(1, 2), cpus_per_worker=1)
-    with pytest.raises(ValueError, match="num_workers=2 x cpus_per_worker=1 reserves 2 of the cluster's 2 CPUs"):
+    with pytest.raises(StallError, match=r"needs 3 CPUs at once \(training workers 2 x 1 CPU, one task 1 CPU\) and the cluster has 2"):
         tensorflow_trainer(_loop, datasets={}, num_workers=(2, 3), cpus_per_worker=1)
 
 
