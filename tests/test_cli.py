@@ -190,3 +190,17 @@ def test_convert_compression_level_needs_compression_and_a_zlib_level(tmp_path, 
     assert exit_.value.code == 2
     assert "argument --min-rows-per-file: expected a positive number of rows; got '0'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_clean_refuses_a_missing_path_and_a_file(tmp_path, capsys):
+    # orphans() of a path that is not there finds nothing, which "0 left" would report as a clean dataset.
+    assert main(["clean", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ray-tfrecord clean: {tmp_path / 'missing'} does not exist, so there is nothing to clean; check the path")
+    file = tmp_path / "ds" / "part-0.tfrecord"
+    _write(file, 3)
+    assert main(["clean", str(file)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ray-tfrecord clean: {file} is a file; pass the dataset directory that holds it")
+    assert main(["clean", str(tmp_path / "ds")]) == 0
+    assert capsys.readouterr().out.strip() == "0 left by killed or failed writes"

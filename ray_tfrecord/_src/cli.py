@@ -205,6 +205,12 @@ def _cmd_index(args) -> int:
 def _cmd_clean(args) -> int:
     paths, fs = stores.resolve_paths([args.path], None)
     fs, path = compat.retrying_filesystem(fs), paths[0].rstrip("/")
+    # orphans() finds nothing in a path that is not there, which would read as a clean dataset.
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{args.path} does not exist, so there is nothing to clean; check the path")
+    if kind != pafs.FileType.Directory:
+        raise ValueError(f"{args.path} is a file; pass the dataset directory that holds it")
     found = dataset_files.orphans(fs, path)
     for p in found:
         print(f"{'would delete' if args.dry_run else 'deleting'}: {p}")
