@@ -152,27 +152,31 @@ class ByteStream(Protocol):
 
 
 class _Replay:
-    """A stream whose first bytes were already read (for compression detection)."""
+    """A stream whose first bytes were already read (for compression detection, or a whole small file
+    fetched in one request): they are handed out from a view, without copying what remains of them."""
 
     def __init__(self, head: bytes, raw: ByteStream) -> None:
-        self._head, self._raw = head, raw
+        self._head, self._at, self._raw = memoryview(head), 0, raw
 
     def read(self, n: int = -1) -> bytes:
-        if self._head:
-            if n < 0:
-                out, self._head = self._head + self._raw.read(), b""
-                return out
-            out, self._head = self._head[:n], self._head[n:]
-            return out if len(out) == n else out + self._raw.read(n - len(out))
-        return self._raw.read(n)
+        left = len(self._head) - self._at
+        if not left:
+            return self._raw.read(n)
+        take = left if n < 0 else min(n, left)
+        out = bytes(self._head[self._at:self._at + take])
+        self._at += take
+        if n < 0:
+            return out + self._raw.read()
+        return out if take == n else out + self._raw.read(n - take)
 
     def readinto(self, view: np.ndarray) -> int:
-        if self._head:
-            n = min(len(self._head), len(view))
-            view[:n] = np.frombuffer(self._head, np.uint8, n)
-            self._head = self._head[n:]
-            return n
-        return _read_into(self._raw, view)
+        left = len(self._head) - self._at
+        if not left:
+            return _read_into(self._raw, view)
+        n = min(left, len(view))
+        view[:n] = np.frombuffer(self._head, np.uint8, n, self._at)
+        self._at += n
+        return n
 
     def close(self) -> None:
         self._raw.close()
@@ -235,15 +239,17 @@ class _Inflate:
         self._raw.close()
 
 
-def open_stream(path: str, filesystem, compression: Compression | Literal["auto"] | None = "auto"
-                ) -> tuple[ByteStream, Compression | None]:
+def open_stream(path: str, filesystem, compression: Compression | Literal["auto"] | None = "auto", *,
+                first_read: int = 16) -> tuple[ByteStream, Compression | None]:
     """Open ``path`` on a ``pyarrow.fs`` filesystem as a (decompressed) byte stream.
 
-    Compression is detected from the content when ``"auto"``, never from the file name.
+    Compression is detected from the content when ``"auto"``, never from the file name. The first
+    ``first_read`` bytes (at least 16) are read at once: on an object store every read is a request,
+    so a small file's size plus one reads it whole in one (the extra byte finds a file that grew).
     """
     options.compression(compression, allow_auto=True)
     raw = filesystem.open_input_stream(path, compression=None)
-    head = raw.read(16)
+    head = raw.read(max(16, first_read))
     found = detect_compression(head) if compression == "auto" else compression
     stream = _Replay(head, raw)
     return (_Inflate(stream, found, path) if found else stream), found

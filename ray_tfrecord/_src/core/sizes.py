@@ -12,6 +12,11 @@ MiB = 1 << 20
 #: faster than one huge buffer (fresh pages fault in as a large output grows), and image-like data
 #: grows ~5x when decoded, which still leaves blocks well under Ray's target block size.
 READ_CHUNK_BYTES = 4 * MiB
+#: On an object store a read task opens the files after the one it decodes ahead of time, a round trip
+#: each: their first reads (a file's first this many bytes, so a small file whole, in one request)...
+OBJECT_FIRST_READ_BYTES = 8 * MiB
+#: ...up to this many bytes ahead in all (and at least the next file).
+OBJECT_READ_AHEAD_BYTES = 64 * MiB
 #: Chunk of a plain ``iter_chunks`` call (the CLI, ``decode_records``' callers, users' loops).
 STREAM_CHUNK_BYTES = 2 * MiB
 #: Chunk read on the driver to check an explicit schema or infer one: a sample, not a block.

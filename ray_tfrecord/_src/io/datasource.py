@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
+from ray_tfrecord._src.core.manifest import is_object_store
 from ray_tfrecord._src.core.schema import infer_schema, read_stored_schema
 from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.listing import Listing, list_files
@@ -318,6 +319,7 @@ class TFRecordDatasource(Datasource):
             on_corrupt=self._on_corrupt,
             chunk_bytes=int(min(target, sizes.READ_CHUNK_BYTES)),
             ledger=self._ledger,
+            read_ahead=is_object_store(compat.unwrap_filesystem(self._listing.filesystem)),
         )
 
 

@@ -3,13 +3,18 @@ framed records of its byte ranges (:mod:`ray_tfrecord._src.io.planning`), decode
 codec and attach the partition and ``path`` columns, one block per chunk.
 
 The datasource plans the tasks on the driver; everything here runs in the task, from a
-:class:`ReadConfig` and the task's ranges.
+:class:`ReadConfig` and the task's ranges. On an object store every read is a round trip (20 ms and
+more), so there a task opens the next files in threads while it decodes one, each small file whole in
+its first request (:data:`~ray_tfrecord._src.core.sizes.OBJECT_FIRST_READ_BYTES`): one GET a file on GCS,
+a HEAD and a GET on S3 (pyarrow's S3 client asks for the size first).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,10 +22,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 
-from ray_tfrecord._src.core import options
+from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, decode
 from ray_tfrecord._src.core.errors import TFRecordError
-from ray_tfrecord._src.core.framing import CorruptionReport, RecordChunk, iter_chunks, open_stream
+from ray_tfrecord._src.core.framing import ByteStream, CorruptionReport, RecordChunk, iter_chunks, open_stream
 from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.io.planning import FileRange
 from ray_tfrecord._src.io.task_errors import from_task
@@ -32,6 +37,12 @@ Compression = Literal["auto", "gzip", "zlib"] | None
 
 #: The column ``include_paths=True`` adds: each row's file path.
 PATH_COLUMN = "path"
+
+# Files a task opens at once ahead of the one it decodes, and how many it keeps opened ahead at most.
+_OPEN_THREADS = 16
+_MAX_AHEAD = 2 * _OPEN_THREADS
+
+_Opened = tuple[ByteStream, options.Compression | None]
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class ReadConfig:
     on_corrupt: options.OnCorrupt
     chunk_bytes: int
     ledger: Any = field(default=None)  # the datasource's corruption ledger (an actor), skip mode only
+    read_ahead: bool = False  # open files ahead, in threads: an object store, where each open is a round trip
 
     @property
     def record_schema(self) -> pa.Schema:
@@ -62,24 +74,65 @@ def read_ranges(ranges: list[FileRange], config: ReadConfig) -> Callable[[], Ite
     def read_tfrecord_ranges() -> Iterator[pa.Table]:
         fs = compat.unpickled_filesystem(config.filesystem)
         record_schema = config.record_schema
-        for r in ranges:
-            # CorruptionReport.add logs each skipped record; the ledger keeps counts.
-            report = CorruptionReport()
-            try:
-                for chunk in _iter_range(fs, r, config, report):
-                    yield _to_block(chunk, r, record_schema, config)
-            except TFRecordError as e:
-                raise from_task(e) from None
-            if report.count:
-                ray.get(config.ledger.record.remote((r.path, r.start), report))
+        with contextlib.closing(_opened_ahead(fs, ranges, config)) as opened:
+            for r, stream in opened:
+                # CorruptionReport.add logs each skipped record; the ledger keeps counts.
+                report = CorruptionReport()
+                try:
+                    for chunk in _iter_range(fs, r, config, report, stream):
+                        yield _to_block(chunk, r, record_schema, config)
+                except TFRecordError as e:
+                    raise from_task(e) from None
+                if report.count:
+                    ray.get(config.ledger.record.remote((r.path, r.start), report))
 
     return read_tfrecord_ranges
 
 
+def _first_read(r: FileRange) -> int:
+    """The bytes a whole file's open reads: all of a small file, and one more to find a file that grew."""
+    return min(r.size + 1, sizes.OBJECT_FIRST_READ_BYTES) if r.whole_file else 0
+
+
+def _opened_ahead(fs: pafs.FileSystem, ranges: list[FileRange],
+                  config: ReadConfig) -> Generator[tuple[FileRange, _Opened | None], None, None]:
+    """Each range, in order, with its file already opened when it is a whole file and ``config.read_ahead``
+    (else ``None``: the range is opened in its turn). The opens run in threads ahead of the range being
+    decoded, holding at most ``OBJECT_READ_AHEAD_BYTES`` of first reads; a task that stops early (a row
+    limit) closes what it opened."""
+    if not config.read_ahead:
+        for r in ranges:
+            yield r, None
+        return
+
+    def open_whole(whole: FileRange) -> _Opened:
+        return open_stream(whole.path, fs, config.compression, first_read=_first_read(whole))
+
+    ahead: deque[tuple[FileRange, Future[_Opened] | None]] = deque()
+    held, following = 0, iter(ranges)
+    pool = ThreadPoolExecutor(_OPEN_THREADS)
+    try:
+        nxt = next(following, None)
+        while ahead or nxt is not None:
+            while nxt is not None and (not ahead or (len(ahead) < _MAX_AHEAD
+                                                     and held + _first_read(nxt) <= sizes.OBJECT_READ_AHEAD_BYTES)):
+                ahead.append((nxt, pool.submit(open_whole, nxt) if nxt.whole_file else None))
+                held += _first_read(nxt)
+                nxt = next(following, None)
+            current, opening = ahead.popleft()
+            held -= _first_read(current)
+            yield current, None if opening is None else opening.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for _, opening in ahead:
+            if opening is not None and not opening.cancelled() and opening.exception() is None:
+                opening.result()[0].close()
+
+
 def _iter_range(fs: pafs.FileSystem, r: FileRange, config: ReadConfig,
-                report: CorruptionReport) -> Iterator[RecordChunk]:
+                report: CorruptionReport, opened: _Opened | None) -> Iterator[RecordChunk]:
     if r.whole_file:
-        stream, found = open_stream(r.path, fs, config.compression)
+        stream, found = opened or open_stream(r.path, fs, config.compression)
         with contextlib.closing(stream):
             yield from iter_chunks(stream, path=r.path, verify_crc=config.verify_crc, on_corrupt=config.on_corrupt,
                                    report=report, chunk_bytes=config.chunk_bytes,
