@@ -64,9 +64,10 @@ from ray_tfrecord.tf import (KerasVersionError, ReportCheckpoint, ResumableFeed,
 from ray_tfrecord._src.io.splits import plan_splits as home
 from ray_tfrecord._src.tf.train import KerasVersionError as home_error
 assert plan_splits is home and KerasVersionError is home_error
-assert sorted(rt.__all__) == sorted(["MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed",
-                                     "SplitPlan", "TensorBoard", "inference", "plan_splits", "predict", "restore",
-                                     "tensorflow_trainer", "tf_dataset", "tfrecord_dataset"])
+assert sorted(rt.__all__) == sorted(["MODEL_FILE", "ClusterFailedError", "KerasVersionError", "ReportCheckpoint",
+                                     "ResumableFeed", "SplitPlan", "TensorBoard", "inference", "plan_splits", "predict",
+                                     "ps_checkpoint_dir", "ps_trainer", "restore", "tensorflow_trainer", "tf_dataset",
+                                     "tfrecord_dataset"])
 assert all(callable(getattr(rt, n)) for n in rt.__all__ if n != "MODEL_FILE") and rt.MODEL_FILE == "model.keras"
 print("heavy before use:", heavy)
 """

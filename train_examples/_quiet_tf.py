@@ -10,8 +10,9 @@ Ray Train sets a worker's root logger to INFO, which would show TensorFlow's Pyt
 (each twice, through TensorFlow's handler and Ray's, and one per checkpoint through absl): both
 loggers go back to what they show by default, WARNING and up.
 
-To see all of it, set ``TF_CPP_MIN_LOG_LEVEL`` yourself (``0`` shows everything): an explicit
-setting wins and nothing is hidden.
+To see all of it, set ``TF_CPP_MIN_LOG_LEVEL=0`` yourself: that explicit wish wins and nothing is
+hidden. A higher level (``ps_trainer`` gives its tasks ``1``, which hides the servers' INFO lines) keeps
+the banners hidden too.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class _QuietFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Hide the banners of this process's first TensorFlow import, unless asked for."""
-    if _ASKED_FOR not in os.environ and "tensorflow" not in sys.modules:
+    if os.environ.get(_ASKED_FOR, "").strip() != "0" and "tensorflow" not in sys.modules:
         sys.meta_path.insert(0, _QuietFinder())
 
 

@@ -8,7 +8,8 @@
 ``tf_dataset`` feeds a Ray dataset shard to Keras or a custom loop; ``tfrecord_dataset`` reads a
 dataset with TensorFlow's own ops, without Ray (parameter-server workers, TPU hosts); ``plan_splits`` and
 ``ResumableFeed`` give a feed that resumes mid-epoch; ``tensorflow_trainer`` builds Ray Train's
-``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range);
+``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range), ``ps_trainer`` a
+parameter-server cluster of Ray actors (``ps_checkpoint_dir`` its checkpoints);
 ``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model, ``TensorBoard`` logs it;
 ``inference`` and ``predict`` run a saved model over a dataset.
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ray_tfrecord._src.tf.feed import tf_dataset
     from ray_tfrecord._src.tf.inference import inference, predict
     from ray_tfrecord._src.tf.native_reader import tfrecord_dataset
+    from ray_tfrecord._src.tf.parameter_servers import ClusterFailedError, ps_checkpoint_dir, ps_trainer
     from ray_tfrecord._src.tf.resume import ResumableFeed
     from ray_tfrecord._src.tf.tensorboard_logs import TensorBoard
     from ray_tfrecord._src.tf.train import KerasVersionError, tensorflow_trainer
@@ -49,13 +51,17 @@ _LAZY = {
     "tensorflow_trainer": "ray_tfrecord._src.tf.train",
     "KerasVersionError": "ray_tfrecord._src.tf.train",
     "TensorBoard": "ray_tfrecord._src.tf.tensorboard_logs",
+    "ps_trainer": "ray_tfrecord._src.tf.parameter_servers",
+    "ps_checkpoint_dir": "ray_tfrecord._src.tf.parameter_servers",
+    "ClusterFailedError": "ray_tfrecord._src.tf.parameter_servers",
     "inference": "ray_tfrecord._src.tf.inference",
     "predict": "ray_tfrecord._src.tf.inference",
 }
 
 __all__ = [
-    "MODEL_FILE", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan", "TensorBoard", "inference",
-    "plan_splits", "predict", "restore", "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
+    "MODEL_FILE", "ClusterFailedError", "KerasVersionError", "ReportCheckpoint", "ResumableFeed", "SplitPlan",
+    "TensorBoard", "inference", "plan_splits", "predict", "ps_checkpoint_dir", "ps_trainer", "restore",
+    "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
 ]
 
 

@@ -18,6 +18,12 @@ skips the records of that split before the shard's first row and takes the run's
 uncompressed file is thus read from where the shard starts; a GZIP/ZLIB file, one split, is
 decompressed from its start up to the shard's first row.
 
+The index may be a tensor known only when the pipeline runs: a parameter-server worker's
+``tf.distribute.coordinator.experimental_get_current_worker_index()``, since
+``ClusterCoordinator.create_per_worker_dataset`` traces ``dataset_fn`` once, on the coordinator, for
+every worker, and its ``InputContext`` says one pipeline.  The runs of every shard are then constants
+of the graph and the worker picks its own at run time.
+
 Example::
 
     from ray_tfrecord.tf import plan_splits
@@ -151,7 +157,8 @@ def _partition_values(plan: SplitPlan, runs: Sequence[Run], columns: Sequence[st
     return out
 
 
-def _shard(shard: tuple[int, int] | tf.distribute.InputContext | None, batch_size: int) -> tuple[int, int, int]:
+def _shard(shard: tuple[int | tf.Tensor, int] | tf.distribute.InputContext | None,
+           batch_size: int) -> tuple[int | tf.Tensor, int, int]:
     """(index, count, rows per element) of ``shard``; an ``InputContext`` turns the global batch size
     into its replica's."""
     if shard is None:
@@ -159,6 +166,8 @@ def _shard(shard: tuple[int, int] | tf.distribute.InputContext | None, batch_siz
     if isinstance(shard, tf.distribute.InputContext):
         return shard.input_pipeline_id, shard.num_input_pipelines, shard.get_per_replica_batch_size(batch_size)
     index, count = shard
+    if tf.is_tensor(index) and count < 1:
+        raise ValueError(f"shard=(<tensor>, {count}): the count must be at least 1")
     return index, count, batch_size
 
 
@@ -168,7 +177,7 @@ def tfrecord_dataset(
     feature_columns: str | Sequence[str],
     label_columns: str | Sequence[str] | None = None,
     batch_size: int,
-    shard: tuple[int, int] | tf.distribute.InputContext | None = None,
+    shard: tuple[int | tf.Tensor, int] | tf.distribute.InputContext | None = None,
     drop_last: bool = True,
     defaults: Mapping[str, Any] | None = None,
     shuffle_buffer: int | None = None,
@@ -192,7 +201,11 @@ def tfrecord_dataset(
         shard: ``(index, count)``, or the ``tf.distribute.InputContext`` that
             ``distribute_datasets_from_function`` passes: the shard's rows are
             ``[index * N // count, (index + 1) * N // count)`` of the plan's ``N``, so the shards of an
-            epoch hold every row exactly once.  ``None``: every row.
+            epoch hold every row exactly once.  ``None``: every row.  The index may be a scalar
+            int tensor, such as a parameter-server worker's
+            ``tf.distribute.coordinator.experimental_get_current_worker_index()``: the shard is then
+            chosen when the pipeline runs, and with ``drop_last`` every shard yields the smallest
+            shard's full batches.
         drop_last: Yield only full batches.
         defaults: Values for rows without a scalar or fixed-size feature, and for a null partition, as
             in ``tf_dataset``.  Without one, such a record fails the read with TensorFlow's
@@ -219,8 +232,10 @@ def tfrecord_dataset(
     plans = column_plans(plan.columns(), features + labels, defaults)
     attached = [c for c in plans if c in plan.partition_schema.names]
     spec = {c: _feature(p, c, defaults.get(c)) for c, p in plans.items() if c not in attached}
-    runs = shard_runs(plan, index, count)
-    rows = sum(r.take for r in runs)
+    # A tensor index is chosen at run time: every shard's runs go into the graph.
+    chosen = tf.is_tensor(index)
+    shards = [shard_runs(plan, i, count) for i in range(count)] if chosen else [shard_runs(plan, int(index), count)]
+    runs = [r for rs in shards for r in rs]
     fs = compat.unpickled_filesystem(plan.filesystem)
     table = {
         "path": tf.constant([_tf_path(fs, r.path) for r in runs], tf.string, shape=(len(runs),)),
@@ -232,10 +247,14 @@ def tfrecord_dataset(
     }
     constants = {c: tf.constant(v, plans[c].dtype) for c, v in
                  _partition_values(plan, runs, attached, plans, defaults).items()}
-    if attached or shuffle_buffer is not None or num_parallel_reads is not None:
+    if attached or shuffle_buffer is not None or num_parallel_reads is not None or chosen:
         pieces = tf.data.Dataset.from_tensor_slices(table)
+        if chosen:
+            bounds = tf.constant(np.cumsum([0] + [len(rs) for rs in shards]), tf.int64)
+            at = tf.cast(index, tf.int64)
+            pieces = pieces.skip(bounds[at]).take(bounds[at + 1] - bounds[at])
         if shuffle_buffer is not None:
-            pieces = pieces.shuffle(max(1, len(runs)), seed=seed, reshuffle_each_iteration=True)
+            pieces = pieces.shuffle(max(1, *map(len, shards)), seed=seed, reshuffle_each_iteration=True)
         reader = _RunReader(with_run=bool(attached))
         records = (pieces.flat_map(reader) if num_parallel_reads is None else
                    pieces.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads,
@@ -244,14 +263,15 @@ def tfrecord_dataset(
         records = _stream(runs, table)
     if shuffle_buffer is not None:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    batches, tail = divmod(rows, rows_per_element)
-    if drop_last and tail:
+    rows = [sum(r.take for r in rs) for rs in shards]
+    per_shard = [n // rows_per_element if drop_last else -(-n // rows_per_element) for n in rows]
+    batches = min(per_shard)
+    if drop_last and max(rows) > batches * rows_per_element:
         records = records.take(batches * rows_per_element)
-    elif tail:
-        batches += 1
     parse = _Parse(spec, plans, constants, features=feature_columns, labels=label_columns)
     dataset = records.batch(rows_per_element).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
+    if len(set(per_shard)) == 1:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     options = tf.data.Options()
     # The rows are sharded already; TensorFlow's auto-sharding would cut each shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
