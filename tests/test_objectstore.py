@@ -9,6 +9,7 @@ mix, and ``ray-tfrecord clean`` leaves nothing the manifest does not list.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import sys
 import time
@@ -148,6 +149,56 @@ def test_paths_need_no_filesystem(ray_local, store, monkeypatch):
     write_tfrecords(_rows(range(20)), uri, max_rows_per_file=5)
     assert sorted(r["id"] for r in read_tfrecords(uri).take_all()) == list(range(20))
     assert cli(["clean", uri]) == 0
+
+
+def test_resumable_feed_over_gs_reads_every_row_once(ray_local, store, tmp_path, monkeypatch):
+    """plan_splits and ResumableFeed on a gs:// path (no filesystem=): two ranks stopped after 3 steps, the
+    position saved, three ranks resume it; the epoch trains every row once."""
+    if store.kind != "gcs":
+        pytest.skip("the feed over gs:// (s3:// plans and reads through the same code)")
+    from ray_tfrecord.tf import ResumableFeed
+
+    _store_env(store, monkeypatch)
+    uri = store.scheme + store.path("feed")
+    write_tfrecords(_rows(range(200)), uri, partition_cols=["part"], max_rows_per_file=30)
+    plan = plan_splits(uri, split_bytes=512)
+    assert len(plan.splits) > 7 and plan.rows == 200
+
+    def feeds(world: int) -> list[ResumableFeed]:
+        return [ResumableFeed(plan, feature_columns="part", label_columns="id", batch_size=8, seed=1, rank=r,
+                              world_size=world) for r in range(world)]
+
+    trained: list[int] = []
+    before = feeds(2)
+    for feed in before:
+        for _, ids, w in itertools.islice(feed.dataset(), 3):
+            trained += ids.numpy()[w.numpy() > 0].tolist()
+    before[0].save(str(tmp_path), 3)
+    for feed in (after := feeds(3)):
+        assert feed.load(str(tmp_path)) == 0
+        for _, ids, w in feed.dataset():
+            trained += ids.numpy()[w.numpy() > 0].tolist()
+    assert sorted(trained) == list(range(200))
+
+
+def test_clean_of_a_missing_path_says_so_and_a_stale_staging_directory_warns_how_to_clean(ray_local, store,
+                                                                                        monkeypatch, capsys):
+    _store_env(store, monkeypatch)
+    uri = store.scheme + store.path("never-written")
+    assert cli(["clean", uri]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ray-tfrecord clean: {uri} does not exist, so there is nothing to clean; check the path")
+
+    # A checkpointed job killed on an object store leaves its task records in _temporary/: no rows to read.
+    write_tfrecords(_rows(range(10)), store.scheme + store.path("staged"), filesystem=store.fs)
+    with store.fs.open_output_stream(store.path("staged/_temporary/checkpoint-k/part-00000-ab-0.files")) as f:
+        f.write(b"{}")
+    with pytest.warns(UserWarning, match=r"skipped the staging directory of a write_tfrecords that has not "
+                                         r"finished: tfr/staged/_temporary; the dataset's manifest lists every "
+                                         r"committed file, so no row is missing. Once no write to the dataset "
+                                         r"runs, `ray-tfrecord clean` on its path removes"):
+        assert sorted(r["id"] for r in read_tfrecords(store.scheme + store.path("staged"),
+                                                        filesystem=store.fs).take_all()) == list(range(10))
 
 
 # -- killed writes -------------------------------------------------------------------------

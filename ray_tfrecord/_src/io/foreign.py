@@ -30,6 +30,7 @@ import logging
 import posixpath
 import re
 import warnings
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -100,17 +101,30 @@ def staging_tool(relative_path: str) -> tuple[str, str] | None:
     return None
 
 
-def warn_staging(skipped: dict[str, str]) -> None:
+def warn_staging(skipped: dict[str, str], committed_roots: Collection[str] = ()) -> None:
     """One warning for the staging output a read left out: ``skipped`` maps each staging path to
-    its tool."""
-    if not skipped:
-        return
+    its tool. A ``_temporary/`` directly under one of ``committed_roots`` (dataset roots with a manifest:
+    object stores) holds no records to read, only an unfinished write's bookkeeping, so its warning says
+    how to clean it instead."""
+    ours = {p: t for p, t in skipped.items()
+            if posixpath.basename(p) == STAGING_DIR and posixpath.dirname(p) in committed_roots}
+    others = {p: t for p, t in skipped.items() if p not in ours}
+    if others:
+        warnings.warn(
+            f"skipped the staging output of unfinished or failed jobs: {_shown(others)}; it holds another "
+            "attempt's records, which would duplicate rows. Remove it, or read it by its own path if it "
+            "is the data you want.", UserWarning, stacklevel=5)  # the caller of read_tfrecords
+    if ours:
+        warnings.warn(
+            f"skipped the staging directory of a write_tfrecords that has not finished: {', '.join(list(ours)[:3])}"
+            f"{' ...' if len(ours) > 3 else ''}; the dataset's manifest lists every committed file, so no row is "
+            "missing. Once no write to the dataset runs, `ray-tfrecord clean` on its path removes what a killed "
+            "write left (it keeps a checkpointed job's, which its rerun continues).", UserWarning, stacklevel=5)
+
+
+def _shown(skipped: dict[str, str]) -> str:
     shown = ", ".join(f"{path} ({tool})" for path, tool in list(skipped.items())[:3])
-    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-    warnings.warn(
-        f"skipped the staging output of unfinished or failed jobs: {shown}{more}; it holds another "
-        "attempt's records, which would duplicate rows. Remove it, or read it by its own path if it "
-        "is the data you want.", UserWarning, stacklevel=5)  # the caller of read_tfrecords
+    return shown + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
 
 
 def sidecar_kind(name: str) -> str | None:

@@ -105,8 +105,8 @@ def list_files(
     fs = compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
-    found, indexes = _committed(found, fs, seen)
-    foreign.warn_staging(seen.staged)
+    found, indexes, committed_roots = _committed(found, fs, seen)
+    foreign.warn_staging(seen.staged, committed_roots)
     if not found:
         raise ValueError(
             f"No TFRecord files found under {roots}. Note that names starting "
@@ -313,9 +313,11 @@ class _Seen:
         return True
 
 
-def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[list[_Found], dict[str, bytes]]:
+def _committed(found: list[_Found], fs: pafs.FileSystem,
+               seen: _Seen) -> tuple[list[_Found], dict[str, bytes], set[str]]:
     """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
-    lists that a whole listing of the root missed), and the indexes it holds, by path."""
+    lists that a whole listing of the root missed), the indexes it holds, by path, and the roots that hold
+    a manifest."""
     roots = sorted({dataset_root(f.path) for f in found if f.listed} | (seen.given & seen.manifests))
     unseen = [r for r in roots if not seen.covers(r)]
     with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
@@ -323,7 +325,7 @@ def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[l
     manifests = {r: fetched[r] if r in fetched else read_manifest(fs, r) if r in seen.manifests else None
                  for r in roots}
     if not any(m is not None for m in manifests.values()):
-        return found, {}
+        return found, {}, set()
     committed: dict[str, tuple[int, bytes | None]] = {}
     for root, m in manifests.items():
         for e in m.entries if m is not None else ():
@@ -339,7 +341,8 @@ def _committed(found: list[_Found], fs: pafs.FileSystem, seen: _Seen) -> tuple[l
                             "listed files), deleted outside write_tfrecords; restore it, or write the dataset "
                             "again with mode='overwrite'", path=gone[0])
     kept += [_Found(i.path, i.size, committed[i.path][1] is not None, None, True) for i in infos]
-    return kept, {p: index for p, (_, index) in committed.items() if index is not None}
+    return (kept, {p: index for p, (_, index) in committed.items() if index is not None},
+            {r for r, m in manifests.items() if m is not None})
 
 
 def _visible_files(directory: str, entries: list[pafs.FileInfo], seen: _Seen) -> list[tuple[str, int]]:
