@@ -74,7 +74,8 @@ def _committed_only(store: Store, name: str) -> None:
     manifest = read_manifest(store.fs, store.path(name))
     assert manifest is not None
     listed = sorted(e.rel_path for e in manifest.entries)
-    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"]), (store.keys(name), listed)
+    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"]), (
+        store.keys(name), listed)
 
 
 def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
@@ -174,7 +175,7 @@ def test_resumable_feed_over_gs_reads_every_row_once(ray_local, store, tmp_path,
         for _, ids, w in itertools.islice(feed.dataset(), 3):
             trained += ids.numpy()[w.numpy() > 0].tolist()
     before[0].save(str(tmp_path), 3)
-    for feed in (after := feeds(3)):
+    for feed in feeds(3):
         assert feed.load(str(tmp_path)) == 0
         for _, ids, w in feed.dataset():
             trained += ids.numpy()[w.numpy() > 0].tolist()
