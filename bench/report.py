@@ -2,13 +2,20 @@
 
 The JSON holds every row the run printed, with when, where and with what it ran, so the chart can
 be drawn again (``python -m bench --chart-from docs/img/bench.json``) and the docs can quote one
-dated run. The chart has one panel per benchmark and dataset that has a peer: every implementation's
+dated run. A section too slow to rerun with the others (``objectstore``) is run alone and merged in,
+its rows replacing that section's, with its own run line:
+
+    python -m bench --only objectstore --out /tmp/objectstore
+    python -m bench.report --merge /tmp/objectstore/bench.json docs/img/bench.json
+
+The chart has one panel per benchmark and dataset that has a peer: every implementation's
 rows/s in that run, ours in colour, on a log scale with each bar's ratio to ours, so each panel
 compares figures taken minutes apart on the same files and machine.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -86,17 +93,25 @@ def _fmt(v: float | None, digits: int = 0) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def _run_line(result: dict) -> str:
+    m, v = result["machine"], result["versions"]
+    return (f"{result['date']}, `{result['command']}`, on {m['name']}: {m['cpus']} CPUs ({m['cpu']}), "
+            f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load average (1, 5, 15 min) "
+            f"{m['load_avg_at_start']} at the start, {m.get('load_avg_at_end') or 'not recorded'} at the end. "
+            + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".")
+
+
 def write_table(path: Path, result: dict) -> None:
     """The run as Markdown, which docs/benchmarks.md includes: when, where, with what, then every row.
-    A ``note`` added to the JSON afterwards (what else ran on the machine) follows the run line."""
-    m, v, d = result["machine"], result["versions"], result["datasets"]
+    A ``note`` added to the JSON afterwards (what else ran on the machine) follows the run line; each
+    section merged in from another run (:func:`merge`) gets that run's line."""
+    d = result["datasets"]
     lines = [
-        f"**Run:** {result['date']}, `{result['command']}`, on {m['name']}: {m['cpus']} CPUs ({m['cpu']}), "
-        f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load average (1, 5, 15 min) "
-        f"{m['load_avg_at_start']} at the start, {m.get('load_avg_at_end') or 'not recorded'} at the end. "
-        + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ". "
+        f"**Run:** {_run_line(result)} "
         + "; ".join(f"{name}: {x['rows']:,} rows, {x['mb']} MB" for name, x in d.items()) + "."
         + (f" {result['note']}" if result.get("note") else ""),
+        *(f"\n**{', '.join(run['sections'])}, merged from its own run:** {_run_line(run)}"
+          for run in result.get("merged", [])),
         "",
         "| bench | dataset | implementation | rows/s | MB/s | note |",
         "|---|---|---|---:|---:|---|",
@@ -105,6 +120,16 @@ def write_table(path: Path, result: dict) -> None:
         lines.append(f"| {r['bench']} | {r['dataset']} | {r['impl']} | {_fmt(r.get('rows_per_s'))} | "
                      f"{_fmt(r.get('mb_per_s'), 1)} | {r.get('note', '')} |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def merge(run: dict, into: dict) -> dict:
+    """``into`` with the rows of ``run``'s sections replaced by ``run``'s, which keep ``run``'s date, command,
+    machine and versions beside them (under ``"merged"``)."""
+    sections = sorted({r["bench"] for r in run["rows"]})
+    kept = [m for m in into.get("merged", []) if not set(m["sections"]) & set(sections)]
+    own = {"sections": sections, **{k: run[k] for k in ("date", "command", "machine", "versions")}}
+    return {**into, "rows": [r for r in into["rows"] if r["bench"] not in sections] + run["rows"],
+            "merged": [*kept, own]}
 
 
 def _ours(impl: str) -> bool:
@@ -165,7 +190,10 @@ def draw(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = _panels(result["rows"])
+    # A merged section's panels say which run they come from; the figure's title names the main one.
+    dates = {section: run["date"] for run in result.get("merged", []) for section in run["sections"]}
+    panels = [(title + (f" (its own run, {dates[group[0]['bench']]})" if group[0]["bench"] in dates else ""), group)
+              for title, group in _panels(result["rows"])]
     if not panels:
         print(f"python -m bench: no section of this run has a peer to compare with; {path} left as it was",
               file=sys.stderr)
@@ -195,3 +223,15 @@ def draw(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m bench.report")
+    ap.add_argument("--merge", nargs=2, type=Path, metavar=("RUN", "INTO"), required=True,
+                    help="put the sections of the run RUN (a bench.json) into INTO, replacing theirs, and redraw "
+                         "INTO's table and chart beside it")
+    run_path, into_path = ap.parse_args().merge
+    merged = merge(json.loads(run_path.read_text()), json.loads(into_path.read_text()))
+    into_path.write_text(json.dumps(merged, indent=1) + "\n")
+    write_table(into_path.with_name("bench_table.md"), merged)
+    draw(merged, into_path.with_suffix(".png"))
