@@ -160,6 +160,26 @@ def test_each_epochs_shards_hold_every_row_once_in_equal_parts(tmp_path):
     assert epochs[0] != epochs[1] != ids[60:]
 
 
+def test_a_shard_index_known_at_run_time_reads_that_shard(tmp_path):
+    """A parameter-server worker's index is a tensor filled in when its graph runs: the same graph serves
+    every worker, each its own shard, each the smallest shard's full batches."""
+    table = pa.table({"id": TYPES["id"], "xyz": TYPES["xyz"]})
+    root = _write(tmp_path / "d", table, {"a.tfrecord": slice(0, 50), "b.tfrecord": slice(50, ROWS)})
+    plan = plan_splits(root, split_bytes=512)
+
+    @tf.function
+    def shard_of(index):
+        feed = tfrecord_dataset(plan, feature_columns="id", batch_size=6, shard=(index, 7))
+        return feed.unbatch().batch(ROWS).get_single_element(), feed.cardinality()
+
+    smallest = ROWS // 7 // 6 * 6  # 17 rows in the smallest shard: 2 full batches of 6
+    for index in range(7):
+        got, batches = shard_of(tf.constant(index, tf.int64))
+        lo = index * ROWS // 7
+        assert [int(x) for x in got] == list(range(lo, lo + smallest))
+        assert int(batches) == smallest // 6
+
+
 def test_the_reader_equals_plain_tf_data_and_parse_example(tmp_path):
     table = pa.table({"id": TYPES["id"], "xyz": TYPES["xyz"], "tokens": TYPES["tokens"]})
     root = _write(tmp_path / "d", table, {"a.tfrecord": slice(0, ROWS)})

@@ -270,7 +270,7 @@ def tfrecord_dataset(
         records = records.take(batches * rows_per_element)
     parse = _Parse(spec, plans, constants, features=feature_columns, labels=label_columns)
     dataset = records.batch(rows_per_element).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    if len(set(per_shard)) == 1:
+    if drop_last or len(set(per_shard)) == 1:  # with drop_last every shard takes the smallest one's batches
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     options = tf.data.Options()
     # The rows are sharded already; TensorFlow's auto-sharding would cut each shard again.

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_tfrecord._src.core.errors import StallError
@@ -273,17 +273,22 @@ class _Cluster:
         self._nodes: list[str] = []
 
     def _within_timeout(self, refs: list[Any], what: str) -> list[Any]:
-        """``ray.get(refs)``, or :class:`StallError` once the stall timeout passes first."""
+        """``ray.get(refs)``, or :class:`StallError` once, for the stall timeout, none of them came back
+        and less than a task's CPUs were free: then other jobs hold the CPUs they wait for. Actors that
+        were placed but start slowly (TensorFlow's import on a busy node) are waited for."""
         seconds = progress.stall_timeout()
-        try:
-            return ray.get(refs, timeout=seconds)
-        except GetTimeoutError:
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=seconds)
             free = ray.available_resources().get("CPU", 0.0)
-            raise StallError(
-                f"ps_trainer: {what} did not start in {seconds:g} s with {free:g} of the cluster's "
-                f"{ray.cluster_resources().get('CPU', 0.0):g} CPUs free (other jobs hold them); pass a smaller "
-                "ps_trainer(cpus_per_worker=..., cpus_per_ps=...), or set_stall_timeout(None) for a cluster that "
-                "is autoscaling") from None
+            least = min(self._sizes.cpus_per_worker, self._sizes.cpus_per_ps)
+            if pending and not ready and free < least:
+                raise StallError(
+                    f"ps_trainer: {what} did not start in {seconds:g} s with {free:g} of the cluster's "
+                    f"{ray.cluster_resources().get('CPU', 0.0):g} CPUs free (other jobs hold them); pass a smaller "
+                    "ps_trainer(cpus_per_worker=..., cpus_per_ps=...), or set_stall_timeout(None) for a cluster "
+                    "that is autoscaling")
+        return ray.get(refs)
 
     def run(self, loop: Callable[..., Any], config: dict[str, Any]) -> Any:
         tasks = [self._chief, *self._ps, *self._workers]
