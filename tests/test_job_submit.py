@@ -183,3 +183,15 @@ def test_digits_demo_runs_as_a_job(head):
     job_log = re.split(r"^.*-{20,}.*\n.*Job '\S+' succeeded", tailed, maxsplit=1, flags=re.M)[0]
     assert "test accuracy: " in job_log
     assert readable_log_problems(job_log, max_lines=300) == []
+
+
+def test_digits_parameter_server_example_runs_as_a_job(head):
+    """Issue 38's example as a user submits it: 2 workers and 1 parameter server, tf-keras ``fit`` fed by
+    ``tfrecord_dataset``, TensorBoard on; it learns the digits."""
+    result = _submit(head, EXCLUDE_PACKAGE_COPY, "python", "train_examples/digits_ps.py")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert re.search(r"Job '\S+' succeeded", output), output[-3000:]
+    assert re.search(r"trained \d+ epochs on 2 workers and 1 parameter server", output), output[-3000:]
+    accuracy = float(re.search(r"test accuracy: ([0-9.]+) on (\d+) test digits", output).group(1))
+    assert accuracy >= 0.95
