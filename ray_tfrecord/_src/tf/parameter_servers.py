@@ -30,6 +30,7 @@ Example (the chief's function)::
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import logging
@@ -59,6 +60,8 @@ CHECKPOINT_DIR_ENV = "RAY_TFRECORD_CHECKPOINT_DIR"
 # TF_CPP_MIN_LOG_LEVEL: every server logs each session it serves, options and all (dozens of lines), at INFO.
 _ENV = {"TF_USE_LEGACY_KERAS": "1", "GRPC_FAIL_FAST": "use_caller", "TF_CPP_MIN_LOG_LEVEL": "1"}
 _DEFAULT_STORAGE = "~/ray_results"
+# How long a replacement worker waits for its lost predecessor's port to come free.
+_PORT_WAIT_S = 30.0
 
 
 class ClusterFailedError(RuntimeError):
@@ -223,8 +226,7 @@ class _Task:
 
     def __init__(self, port: int = 0) -> None:
         # Held until the server starts, so that no other process takes the port meanwhile.
-        self._socket = socket.socket()
-        self._socket.bind(("", port))
+        self._socket = _reserve(port)
         self._server: Any = None
 
     def address(self) -> tuple[str, str]:
@@ -346,6 +348,24 @@ class _Cluster:
     def stop(self) -> None:
         for task in [self._chief, *self._ps, *self._workers, *self._spares]:
             ray.kill(task, no_restart=True)
+
+
+def _reserve(port: int) -> socket.socket:
+    """A socket bound to ``port`` (0: any free one). A replacement takes its lost worker's port: the lost
+    server's connections linger in TIME_WAIT for a minute (SO_REUSEADDR binds past them, as gRPC's own
+    servers do), and its process may still be exiting when Ray reports it dead (so a short wait)."""
+    reserved = socket.socket()
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    deadline = time.monotonic() + _PORT_WAIT_S
+    while True:
+        try:
+            reserved.bind(("", port))
+            return reserved
+        except OSError as e:
+            if not port or e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                reserved.close()
+                raise
+            time.sleep(0.5)
 
 
 def _actor(cls: type, **options: Any) -> Any:
