@@ -12,8 +12,7 @@ from functools import partial
 
 import pyarrow as pa
 
-from ray_tfrecord._src.core import codec
-from ray_tfrecord._src.core.framing import RecordWriter, iter_chunks
+from ray_tfrecord import Decoder, RecordWriter, decode, encode, iter_chunks
 
 from .datasets import BenchContext, tf_feature_spec
 
@@ -35,11 +34,11 @@ def _decode_native(files: list[str], schema: pa.Schema) -> int:
     for path in files:
         with open(path, "rb") as f:
             for chunk in iter_chunks(f, path=path):
-                rows += codec.decode(chunk, schema).num_rows
+                rows += decode(chunk, schema).num_rows
     return rows
 
 
-def _decode_files(files: list[str], decoder: codec.Decoder) -> float:
+def _decode_files(files: list[str], decoder: Decoder) -> float:
     """Decodes the files; returns the seconds spent in ``decoder.decode`` (framing excluded)."""
     spent = 0.0
     for path in files:
@@ -54,14 +53,14 @@ def _decode_files(files: list[str], decoder: codec.Decoder) -> float:
 def gil_share(files: list[str], schema: pa.Schema) -> float:
     """The share of ``Decoder.decode``'s time that holds the GIL, on one thread: its time less the
     time its native call spent without the GIL (``Decoder.native_seconds``), over its time."""
-    decoder = codec.Decoder(schema)
+    decoder = Decoder(schema)
     _decode_files(files, decoder)  # warm: the page cache and the buffer pool
     before = decoder.native_seconds
     spent = _decode_files(files, decoder)
     return 1 - (decoder.native_seconds - before) / spent
 
 
-def _decode_threads(files: list[str], decoder: codec.Decoder, threads: int) -> None:
+def _decode_threads(files: list[str], decoder: Decoder, threads: int) -> None:
     """Files decode in parallel threads (what a Ray worker pool does), one decoder shared by all."""
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda f: _decode_files([f], decoder), files))
@@ -78,7 +77,7 @@ def _thread_rows(ctx: BenchContext, dataset: str, schema: pa.Schema, nrows: int,
     """Decode on each thread count, every thread decoding the dataset's files over at least
     THREAD_ROWS rows (distinct copies per thread, so the work grows with the threads and no two
     threads share a file)."""
-    decoder = codec.Decoder(schema)
+    decoder = Decoder(schema)
     passes = -(-THREAD_ROWS // nrows)
     nbytes = ctx.bytes(dataset) * passes
     out, first = [], None
@@ -149,7 +148,7 @@ def _encode_python(rows: list[dict], schema: pa.Schema, path: str) -> None:
 def _encode_native(table: pa.Table, path: str) -> None:
     with RecordWriter(open(path, "wb")) as w:
         for batch in table.to_batches(max_chunksize=8192):
-            w.write(codec.encode(batch).data)
+            w.write(encode(batch).data)
 
 
 def _row(dataset, impl, rows, seconds, nbytes, note=""):
@@ -172,7 +171,7 @@ def run(ctx: BenchContext, threads: list[int] | None = None) -> list[dict]:
         sample = _payloads(files, PY_SAMPLE)
         t_pb = _best(partial(_decode_protobuf, sample), repeat=1)
         out += [
-            _row(dataset, "decode: ray_tfrecord native (codec.decode)", nrows, t_native, nbytes,
+            _row(dataset, "decode: ray_tfrecord native (decode)", nrows, t_native, nbytes,
                  f"{t_tf / t_native:.1f}x batched tf.data, {t_tf1 / t_native:.0f}x per-record tf.data, "
                  f"{(t_pb / len(sample)) / (t_native / nrows):.0f}x protobuf"),
             *_thread_rows(ctx, dataset, schema, nrows, threads),

@@ -113,14 +113,13 @@ def _write_with_tensorflow(table: pa.Table, directory: Path) -> None:
 
     import tensorflow as tf
 
-    from ray_tfrecord._src.core import codec
-    from ray_tfrecord._src.core.framing import iter_chunks
+    from ray_tfrecord import encode, iter_chunks
 
     directory.mkdir(parents=True, exist_ok=True)
     per_file = -(-table.num_rows // FILES)
     for k in range(FILES):
         part = table.slice(k * per_file, per_file)
-        enc = codec.encode(part)
+        enc = encode(part)
         with tf.io.TFRecordWriter(str(directory / f"part-{k:05d}.tfrecord")) as w:
             for chunk in iter_chunks(io.BytesIO(bytes(enc.data)), path="mem"):
                 for i in range(len(chunk)):

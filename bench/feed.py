@@ -102,7 +102,7 @@ def _bench(ctx, name: str) -> list[dict]:
     import tensorflow as tf
 
     import ray_tfrecord
-    from ray_tfrecord._src.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     schema = ctx.image_schema if name == "image" else ctx.tabular_schema
     files = ctx.files(name)

@@ -135,7 +135,7 @@ def _encoded(files: list[str]) -> list[bytes]:
     import pyarrow as pa
 
     import ray_tfrecord
-    from ray_tfrecord._src.core.framing import iter_chunks
+    from ray_tfrecord import iter_chunks
 
     decoder = ray_tfrecord.Decoder(pa.schema([("image/encoded", pa.binary())]))
     values = []

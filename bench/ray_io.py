@@ -148,7 +148,6 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
 
     import ray_tfrecord
 
-    directory = ctx.image_dir if name == "image" else ctx.tabular_dir
     schema = ctx.image_schema if name == "image" else ctx.tabular_schema
     files = ctx.files(name)
     nbytes = sum(os.path.getsize(f) for f in files)

@@ -3,7 +3,7 @@
 
     python -m bench --only scaling      # about 5 minutes; not part of the default run
 
-The files hold the tabular benchmark records, written by this package (``codec.encode`` and
+The files hold the tabular benchmark records, written by this package (``encode`` and
 ``framing.RecordWriter``), each with its index sidecar (``index.build_index``), as
 ``write_tfrecords`` leaves them; they are generated under ``bench/data/scaling`` and deleted
 afterwards. Ray runs with 2 CPUs. Per case:
@@ -39,11 +39,10 @@ def _unit() -> Tuple[bytes, List[int]]:
     """The framed bytes of ``UNIT_ROWS`` records and the offset after each record."""
     import io
 
-    from ray_tfrecord._src.core import codec
-    from ray_tfrecord._src.core.framing import iter_chunks
+    from ray_tfrecord import encode, iter_chunks
 
     table = tabular_table(UNIT_ROWS, seed=7)
-    data = bytes(codec.encode(table).data)
+    data = bytes(encode(table).data)
     ends = []
     for chunk in iter_chunks(io.BytesIO(data), path="unit", chunk_bytes=len(data)):
         ends.extend((chunk.offsets() + chunk.lengths + 16).tolist())
@@ -61,7 +60,7 @@ def _framed(data: bytes, ends: List[int], nbytes: int) -> Iterator[bytes]:
 
 
 def _write(path: Path, pieces: Iterator[bytes]) -> None:
-    from ray_tfrecord._src.core.framing import RecordWriter
+    from ray_tfrecord import RecordWriter
 
     with RecordWriter(open(path, "wb")) as w:
         for piece in pieces:
@@ -80,7 +79,7 @@ def _measure(paths: str) -> dict:
     import ray
 
     import ray_tfrecord
-    from ray_tfrecord._src.io.datasource import TFRecordDatasource
+    from ray_tfrecord import TFRecordDatasource
     from ray_tfrecord._src.io.planning import default_read_tasks
 
     t0 = time.perf_counter()

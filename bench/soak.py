@@ -40,8 +40,7 @@ _MB = 1e6
 def _generate(directory: Path, rows: int) -> None:
     """Write ``rows`` image rows as TFRecord files with the codec (once: reused while the
     ``_DONE`` marker says the directory is complete)."""
-    from ray_tfrecord import encode
-    from ray_tfrecord._src.core.framing import RecordWriter
+    from ray_tfrecord import RecordWriter, encode
 
     if (directory / "_DONE").exists():
         return

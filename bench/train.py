@@ -97,7 +97,7 @@ def _feeds(config: dict, set_name: str) -> dict:
     import ray.train
     import tensorflow as tf
 
-    from ray_tfrecord._src.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     dataset, features, label, impls = SETS[set_name]
     shard = ray.train.get_dataset_shard(set_name)
@@ -224,7 +224,7 @@ def _loop(config: dict) -> None:
     import tensorflow as tf
     from ray.train.collective import barrier
 
-    from ray_tfrecord._src.tf.feed import tf_dataset
+    from ray_tfrecord.tf import tf_dataset
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = ray.train.get_context().get_world_rank()

@@ -13,8 +13,10 @@ The codec, framing and schema names need only pyarrow and numpy; Ray loads when 
 first used. The TensorFlow side (feeds, the resumable feed, the trainer, inference) is ``ray_tfrecord.tf``.
 """
 
-import warnings
+from __future__ import annotations
+
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from ._src.core.codec import (
     BYTE_ARRAY_SCHEMA,
@@ -38,13 +40,20 @@ from ._src.core.errors import (
 from ._src.core.framing import RecordWriter, iter_chunks, open_stream
 from ._src.core.schema import infer_schema
 
+if TYPE_CHECKING:
+    from ._src.io.datasink import TFRecordDatasink, write_tfrecords
+    from ._src.io.datasource import TFRecordDatasource, read_tfrecords
+    from ._src.io.images import ImageError, ImageTransform
+    from ._src.io.order import SEED_COLUMN
+    from ._src.io.progress import set_stall_timeout
+    from ._src.io.transforms import WEIGHT_COLUMN, TransformError
+
 # Ray loads only when a name that needs it is first used.
 _LAZY = {
     "read_tfrecords": "._src.io.datasource",
     "TFRecordDatasource": "._src.io.datasource",
     "write_tfrecords": "._src.io.datasink",
     "TFRecordDatasink": "._src.io.datasink",
-    "list_files": "._src.io.listing",
     "set_stall_timeout": "._src.io.progress",
     "ImageTransform": "._src.io.images",
     "ImageError": "._src.io.images",
@@ -55,24 +64,22 @@ _LAZY = {
     "TransformError": "._src.io.transforms",
 }
 
-# Names that moved to ray_tfrecord.tf; they keep working, with a warning, until 0.2.
-_MOVED = {"tf_dataset": "ray_tfrecord.tf"}
-
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "CorruptRecordError", "DecodeError", "Decoder", "EncodedRecords", "Encoder",
-    "NotTFRecordError", "RecordType", "RecordWriter", "SchemaError", "StallError", "TFRecordError", "check_encodable",
-    "decode",
-    "decode_records", "encode", "infer_schema", "iter_chunks", "open_stream", *_LAZY,
+    "BYTE_ARRAY_SCHEMA", "SEED_COLUMN", "WEIGHT_COLUMN", "CorruptRecordError", "DecodeError", "Decoder",
+    "EncodedRecords", "Encoder", "ImageError", "ImageTransform", "NotTFRecordError", "RecordType", "RecordWriter",
+    "SchemaError", "StallError", "TFRecordDatasink", "TFRecordDatasource", "TFRecordError", "TransformError",
+    "check_encodable", "decode", "decode_records", "encode", "infer_schema", "iter_chunks", "open_stream",
+    "read_tfrecords", "set_stall_timeout", "write_tfrecords",
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
-    if name in _MOVED:
-        warnings.warn(f"ray_tfrecord.{name} moved: from {_MOVED[name]} import {name} (the old name goes in 0.2)",
-                      FutureWarning, stacklevel=2)
-        return getattr(import_module(_MOVED[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -184,25 +184,6 @@ def test_single_or_dict_features_and_no_label(ray_local):
     assert set(only) == {"a", "b"} and only["b"].numpy().tolist() == [5, 6, 7, 8]
 
 
-def test_the_names_before_ray_s_still_work_and_name_their_successor(ray_local):
-    ds = ray.data.from_arrow(pa.table({"a": pa.array([1, 2, 3]), "y": pa.array([0, 1, 0])}))
-    with pytest.warns(FutureWarning) as caught:
-        old = list(tf_dataset(ds, features="a", label="y", batch_size=2, drop_remainder=False, ray_prefetch_batches=1))
-    new = list(tf_dataset(ds, feature_columns="a", label_columns="y", batch_size=2, drop_last=False, prefetch_batches=1))
-    assert [(x.numpy().tolist(), y.numpy().tolist()) for x, y in old] == [
-        (x.numpy().tolist(), y.numpy().tolist()) for x, y in new] == [([1, 2], [0, 1]), ([3], [0])]
-    assert sorted(str(w.message) for w in caught if w.category is FutureWarning) == [
-        f"tf_dataset({old}=) is deprecated and goes in 0.2: pass {new}= (Ray's to_tf name)"
-        for old, new in sorted([("drop_remainder", "drop_last"), ("features", "feature_columns"),
-                                ("label", "label_columns"), ("ray_prefetch_batches", "prefetch_batches")])]
-    with pytest.raises(TypeError, match="got both features= and feature_columns=; pass feature_columns= only"):
-        tf_dataset(ds, features="a", feature_columns="a", batch_size=2)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'feature'"):
-        tf_dataset(ds, feature="a", batch_size=2)
-    with pytest.raises(TypeError, match="needs feature_columns="):
-        tf_dataset(ds, batch_size=2)
-
-
 def test_drop_last_and_steps_per_epoch(ray_local):
     ds = ray.data.range(103)
     sizes = [int(b.shape[0]) for b in tf_dataset(ds, feature_columns="id", batch_size=10)]
@@ -259,10 +240,10 @@ def test_unequal_shards_refuse_partial_batches(ray_local, monkeypatch):
     # checks a real run): there, ranks train in lockstep and unequal shards would hang.
     monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(get_world_rank=lambda: 0, get_world_size=lambda: 2))
     shard = ray.data.range(10).streaming_split(2, equal=False)[0]
-    with pytest.raises(ValueError, match="drop_remainder"):
+    with pytest.raises(ValueError, match=r"tf_dataset\(drop_last=False\) on one of 2 workers.*keep drop_last=True or pass steps_per_epoch="):
         tf_dataset(shard, feature_columns="id", batch_size=4, drop_last=False)
     # A whole dataset per rank (each reading its own files) is no safer.
-    with pytest.raises(ValueError, match="drop_remainder"):
+    with pytest.raises(ValueError, match=r"tf_dataset\(drop_last=False\) on one of 2 workers.*keep drop_last=True or pass steps_per_epoch="):
         tf_dataset(ray.data.range(10), feature_columns="id", batch_size=4, drop_last=False)
     fixed = tf_dataset(shard, feature_columns="id", batch_size=4, drop_last=False, steps_per_epoch=1)
     assert fixed.cardinality().numpy() == 1

@@ -136,23 +136,6 @@ def test_key_columns_are_required(ray_local):
         predict(ray.data.range(3), "unused.keras", feature_columns="id", key_columns=[])
 
 
-def test_features_before_ray_s_name_still_works_and_names_its_successor(ray_local, tmp_path):
-    path = str(tmp_path / "model.keras")
-    _dense_model().save(path)
-    ds = ray.data.from_arrow(_table())
-    with pytest.warns(FutureWarning, match=r"^predict\(features=\) is deprecated and goes in 0\.2: pass "
-                      r"feature_columns= \(Ray's to_tf name\)$") as caught:
-        old = predict(ds, path, features="x", key_columns=["id"], num_cpus=0.5)
-    assert caught[0].filename == __file__
-    new = predict(ds, path, feature_columns="x", key_columns=["id"], num_cpus=0.5)
-    old, new = (pa.concat_tables(ray.get(d.to_arrow_refs())).sort_by("id") for d in (old, new))
-    assert old.num_rows == ROWS and old.equals(new)
-    with pytest.raises(TypeError, match="got both features= and feature_columns=; pass feature_columns= only"):
-        inference(ds, path, str(tmp_path / "out"), features="x", feature_columns="x", key_columns=["id"])
-    with pytest.raises(TypeError, match=r"^inference\(\) needs feature_columns=, the column\(s\) of the model's input$"):
-        inference(ds, path, str(tmp_path / "out"), key_columns=["id"])
-
-
 def test_no_deprecation_warnings_from_the_package_under_ray(ray_local, tmp_path):
     """The user's call, with its actor count, triggers none of Ray's deprecation notices."""
     model, table = _dense_model(), _table()

@@ -197,8 +197,8 @@ def test_a_piece_of_part_of_a_block_reads_its_rows_of_the_whole(tmp_path, shuffl
     rows = sum(plan.splits[i].rows for i in blocks[1])
 
     def read(lo, hi):
-        (table,) = read_pieces(plan, [((1, lo, hi), 1.0)], blocks=blocks, epoch=2, seed=5, shuffle=shuffle,
-                               columns=("id", "x"), weight_column="w", seeds=True)
+        (table,) = read_pieces(plan, [((1, lo, hi), 1.0)], blocks=blocks, seed=5, epoch=2, shuffle=shuffle,
+                               columns=("id", "x"), weight_column="w", with_seed_column=True)
         return table
 
     whole = read(0, rows)

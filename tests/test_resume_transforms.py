@@ -111,18 +111,3 @@ def test_a_checkpoint_of_another_transform_is_refused(ray_local, plan, tmp_path)
                                          r"transform=tests\.test_resume_transforms\._reversed.*pass the same seed=, "
                                          r"mix=, transform=, keep= and plan"):
         other.load(str(tmp_path))
-
-
-def test_the_names_before_ray_s_still_work_and_name_their_successor(ray_local, plan):
-    with pytest.warns(FutureWarning) as caught:
-        old = ResumableFeed(plan, features=["x", "noise"], label="id", batch_size=16, seed=5, rank=0, world_size=1,
-                            transform=augment)
-    assert sorted(str(w.message) for w in caught if w.category is FutureWarning) == [
-        "ResumableFeed(features=) is deprecated and goes in 0.2: pass feature_columns= (Ray's to_tf name)",
-        "ResumableFeed(label=) is deprecated and goes in 0.2: pass label_columns= (Ray's to_tf name)"]
-    assert caught[0].filename == __file__
-    assert _rows(old, 3) == _rows(_feed(plan), 3)
-    with pytest.raises(TypeError, match="got both label= and label_columns=; pass label_columns= only"):
-        ResumableFeed(plan, feature_columns="x", label="id", label_columns="id", batch_size=16, rank=0, world_size=1)
-    with pytest.raises(TypeError, match=r"needs feature_columns= and label_columns="):
-        ResumableFeed(plan, feature_columns="x", batch_size=16, rank=0, world_size=1)

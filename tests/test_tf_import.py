@@ -25,13 +25,13 @@ def test_a_tensorflow_that_aborts_at_import_is_heard(tmp_path):
     stand_in = tmp_path / "tensorflow"
     stand_in.mkdir()
     (stand_in / "__init__.py").write_text(f"import os, sys\nsys.stderr.write({FATAL!r} + '\\n')\nos.abort()\n")
-    for code in ("import tensorflow", "import ray_tfrecord.tf", "import ray_tfrecord; ray_tfrecord.tf_dataset"):
+    for code in ("import tensorflow", "import ray_tfrecord.tf", "from ray_tfrecord.tf import tf_dataset"):
         run = _python(code, tmp_path)
         assert run.returncode == -6, (code, run.returncode, run.stderr[-2000:])
         assert FATAL in run.stderr, (code, run.stderr[-2000:])
 
 
-@pytest.mark.parametrize("code", ["import ray_tfrecord.tf", "import ray_tfrecord; ray_tfrecord.tf_dataset",
+@pytest.mark.parametrize("code", ["import ray_tfrecord.tf", "from ray_tfrecord.tf import tf_dataset",
                                   "from ray_tfrecord.tf import ResumableFeed"])
 def test_without_tensorflow_the_error_names_the_extra(tmp_path, code):
     # A module that raises ModuleNotFoundError for itself: what Python does where nothing is installed.

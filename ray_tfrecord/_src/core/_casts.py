@@ -1,6 +1,6 @@
 """Decoded columns to the read schema's types where they differ from what the native decoder
 writes: other integer and float widths, strings (UTF-8 checked), decimals, large and extension
-types. Each failure is a :class:`DecodeError` naming the file, the first bad record and the column.
+types. Each failure is a ``DecodeError`` naming the file, the first bad record and the column.
 """
 
 from __future__ import annotations

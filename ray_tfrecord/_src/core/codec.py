@@ -16,7 +16,7 @@ Feature with no kind   ``list<null>`` (only ever empty)
 
 A feature missing from a record decodes to null; present but empty, to an empty list. Other
 integer / float widths in a read schema are cast from int64 / float32 with overflow checks;
-decimals follow the exact rules of :mod:`ray_tfrecord._src.core._decimal`.
+decimals follow the exact rules of ``ray_tfrecord._src.core._decimal``.
 
 Example::
 
@@ -47,12 +47,15 @@ from ._contract import DecodeSpec, EncodeColumn, EncodeSpec, Kind, RecordTypeCod
 from .errors import DecodeError, SchemaError, TFRecordError
 from .framing import HEADER_BYTES, RecordChunk
 from .options import RecordType
+from .public import public
 from .types import KIND_NAMES, column_spec, leaf_kind, native_type, record_type_code, single_chunk
 
-#: The schema of ``record_type="ByteArray"``: each record's raw payload.
 BYTE_ARRAY_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
+"""The schema of ``record_type="ByteArray"``: one non-null ``binary`` column, ``record``, holding each record's
+raw payload."""
 
 
+@public("ray_tfrecord")
 class EncodedRecords(NamedTuple):
     """Framed records ready to write, and where each one starts in ``data`` (for an index)."""
 
@@ -67,6 +70,7 @@ class EncodedRecords(NamedTuple):
 # decode
 
 
+@public("ray_tfrecord")
 class Decoder:
     """Decodes chunks of framed records into record batches of one ``schema``, with exactly its columns.
 
@@ -76,12 +80,13 @@ class Decoder:
     strings, decimals, large or extension types) are then converted in Python. One decoder may
     decode on several threads at once; a batch it returns does not depend on it.
 
-    Raises :class:`SchemaError` for a column type with no TFRecord form, and from :meth:`decode`
-    :class:`DecodeError` naming the file, the record's offset and the column.
+    Raises [`SchemaError`][ray_tfrecord.SchemaError] for a column type with no TFRecord form, and
+    from [`decode`][ray_tfrecord.Decoder.decode] [`DecodeError`][ray_tfrecord.DecodeError] naming the
+    file, the record's offset and the column.
 
     >>> import io
     >>> import pyarrow as pa
-    >>> from ray_tfrecord._src.core.framing import iter_chunks
+    >>> from ray_tfrecord import iter_chunks
     >>> batch = pa.record_batch({"id": pa.array([1, 2]), "tags": pa.array([["a"], []], pa.list_(pa.binary()))})
     >>> decoder = Decoder(batch.schema)
     >>> (chunk,) = iter_chunks(io.BytesIO(bytes(encode(batch).data)), path="<memory>")
@@ -114,7 +119,7 @@ class Decoder:
 
     @property
     def native_seconds(self) -> float:
-        """Seconds all :meth:`decode` calls together spent in native code without the GIL."""
+        """Seconds all ``decode`` calls together spent in native code without the GIL."""
         return self._native.nogil_ns / 1e9 if self._native is not None else 0.0
 
     def decode(self, chunk: RecordChunk) -> pa.RecordBatch:
@@ -216,11 +221,12 @@ def _decoder(schema: pa.Schema, record_type: RecordType) -> Decoder:
     return _per_schema(_cached_decoder, schema, record_type)
 
 
+@public("ray_tfrecord")
 def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Example") -> pa.RecordBatch:
     """Decode the records of ``chunk`` into a record batch with exactly ``schema``'s columns.
 
-    Raises :class:`DecodeError` naming the file, the record's offset and the column when a record
-    is malformed or a feature does not fit its column. A :class:`Decoder` kept for the schema does
+    Raises ``DecodeError`` naming the file, the record's offset and the column when a record
+    is malformed or a feature does not fit its column. A ``Decoder`` kept for the schema does
     the same without looking one up per chunk.
     """
     decoder = _decoder(schema, record_type)
@@ -230,6 +236,7 @@ def decode(chunk: RecordChunk, schema: pa.Schema, record_type: RecordType = "Exa
     return decoder.decode(chunk)
 
 
+@public("ray_tfrecord")
 def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArray, schema: pa.Schema,
                    record_type: RecordType = "Example") -> pa.RecordBatch:
     """Decode serialized records, one a row, into a record batch with exactly ``schema``'s columns.
@@ -239,7 +246,7 @@ def decode_records(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
     records' serialized bytes and the consumer decodes them, which for wide integer rows (784
     int64 pixels: about 1.2 KB serialized against 6.3 KB decoded) moves a fifth of the memory.
 
-    Raises :class:`DecodeError` naming the record's row and the column.
+    Raises [`DecodeError`][ray_tfrecord.DecodeError] naming the record's row and the column.
 
     >>> import pyarrow as pa
     >>> batch = pa.record_batch({"id": pa.array([7, 8])})
@@ -299,9 +306,10 @@ def _records_array(records: pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArr
 # encode
 
 
+@public("ray_tfrecord")
 def check_encodable(schema: pa.Schema, record_type: RecordType = "Example", *,
                     allow_float64_narrowing: bool = False) -> None:
-    """Raise :class:`SchemaError` (naming column and type) if ``schema`` cannot be written.
+    """Raise ``SchemaError`` (naming column and type) if ``schema`` cannot be written.
 
     Call it before writing anything, so a bad column fails the write at the start, not midway.
     ``float64`` and decimal columns pass here, since the type alone does not tell (0.5 is exact in
@@ -327,6 +335,7 @@ def _check_columns(schema: pa.Schema, record_type: RecordType, *, null_typed: bo
             column_spec(f, record_type)
 
 
+@public("ray_tfrecord")
 class Encoder:
     """Encodes record batches of one ``schema`` into framed records (CRCs included), one record a row.
 
@@ -337,9 +346,10 @@ class Encoder:
     (other widths, float64, decimals, extension types, ...) are converted in Python first. Null
     cells become missing features, and so does every cell of a ``null``-typed column (how Arrow types a
     column that is all null within one block), so the same rows make the same records however they
-    are cut into blocks; :func:`check_encodable` still refuses that type, which a whole dataset's
-    column cannot have. Raises :class:`SchemaError` for a column type with no TFRecord
-    form; :meth:`encode` raises :class:`TFRecordError` for values that cannot be written without
+    are cut into blocks; [`check_encodable`][ray_tfrecord.check_encodable] still refuses that type, which
+    a whole dataset's column cannot have. Raises [`SchemaError`][ray_tfrecord.SchemaError] for a column
+    type with no TFRecord form; [`encode`][ray_tfrecord.Encoder.encode] raises
+    [`TFRecordError`][ray_tfrecord.TFRecordError] for values that cannot be written without
     loss: a null inside a list, ``float64`` and decimal values with no exact float32 form, unless
     ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
     nearest float32).
@@ -421,9 +431,10 @@ def _cached_encoder(key: pa.Schema | _SchemaKey, record_type: RecordType, allow_
                    allow_decimal_narrowing=allow_decimal_narrowing)
 
 
+@public("ray_tfrecord")
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
            allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
-    """Encode every row of ``batch`` as one framed record (CRCs included), as an :class:`Encoder`
+    """Encode every row of ``batch`` as one framed record (CRCs included), as an ``Encoder``
     for its schema does (one is kept per schema)."""
     encoder = _per_schema(_cached_encoder, batch.schema, record_type, allow_float64_narrowing,
                           allow_decimal_narrowing)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from .public import public
 
+
+@public("ray_tfrecord")
 class TFRecordError(ValueError):
     """Base class: a problem with TFRecord data, located by file, byte offset and column.
 
@@ -33,22 +36,27 @@ class TFRecordError(ValueError):
         return self.message
 
 
+@public("ray_tfrecord")
 class CorruptRecordError(TFRecordError):
     """The framing is broken: a truncated record, a CRC mismatch or a damaged compressed stream."""
 
 
+@public("ray_tfrecord")
 class NotTFRecordError(CorruptRecordError):
     """The file's first bytes are not a TFRecord record header (a Parquet, CSV or text file)."""
 
 
+@public("ray_tfrecord")
 class DecodeError(TFRecordError):
     """A record's protobuf is malformed, or a feature does not fit its column (kind or count)."""
 
 
+@public("ray_tfrecord")
 class SchemaError(TFRecordError):
     """A schema cannot be inferred or an Arrow type cannot be written as TFRecord."""
 
 
+@public("ray_tfrecord")
 class StallError(RuntimeError):
     """A job that cannot make progress: the cluster cannot hold its actors and a task at once (raised
     before the job starts), or nothing of it ran for ``set_stall_timeout``'s time (raised while it

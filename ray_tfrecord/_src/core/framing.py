@@ -3,7 +3,7 @@
 A TFRecord file is records laid end to end, each ``uint64 length | uint32 masked_crc32c(length) |
 data | uint32 masked_crc32c(data)``. GZIP and ZLIB wrap the whole stream. The scan itself runs in
 the native core; this module feeds it bounded chunks of a stream and turns its findings into
-:class:`RecordChunk` objects or located :class:`~ray_tfrecord._src.core.errors.CorruptRecordError` s.
+``RecordChunk`` objects or located ``CorruptRecordError`` s.
 
 Example::
 
@@ -30,6 +30,7 @@ from . import _native, options, sizes
 from ._contract import Status
 from .errors import CorruptRecordError, NotTFRecordError
 from .options import Compression, OnCorrupt
+from .public import public
 
 _log = logging.getLogger(__name__)
 # A record's frame, as the extension defines it: the length (LENGTH_BYTES) and the length's CRC make
@@ -144,7 +145,7 @@ def _frame_error(status: Status, length: int, available: int) -> str:
 
 class ByteStream(Protocol):
     """What the reader needs of a stream: a file object, a ``pyarrow`` input stream, or what
-    :func:`open_stream` returns (``readinto`` is used when the stream has it)."""
+    ``open_stream`` returns (``readinto`` is used when the stream has it)."""
 
     def read(self, n: int = -1, /) -> bytes: ...
 
@@ -239,6 +240,7 @@ class _Inflate:
         self._raw.close()
 
 
+@public("ray_tfrecord")
 def open_stream(path: str, filesystem, compression: Compression | Literal["auto"] | None = "auto", *,
                 first_read: int = 16) -> tuple[ByteStream, Compression | None]:
     """Open ``path`` on a ``pyarrow.fs`` filesystem as a (decompressed) byte stream.
@@ -294,6 +296,7 @@ def _fill(stream: ByteStream, pending: bytes | np.ndarray, target: int,
     return buf[:have], False, None
 
 
+@public("ray_tfrecord")
 def iter_chunks(stream: ByteStream, *, path: str, start: int = 0, end: int | None = None, resync: bool = False,
                 verify_crc: bool = True, on_corrupt: OnCorrupt = "raise", report: CorruptionReport | None = None,
                 chunk_bytes: int = sizes.STREAM_CHUNK_BYTES, size: int | None = None, compressed: bool = False,
@@ -365,6 +368,7 @@ def iter_chunks(stream: ByteStream, *, path: str, start: int = 0, end: int | Non
             return
 
 
+@public("ray_tfrecord")
 class RecordWriter:
     """Writes framed records to a binary stream, compressing the whole stream when asked.
 

@@ -107,7 +107,7 @@ def index_path(data_path: str, root: str | None = None) -> str:
 
 def index_candidates(data_path: str) -> list[str]:
     """Where a reader looks for the sidecar of ``data_path``, in order: the dataset roots the
-    path allows (:func:`index_path`), then the former ``<dir>/.<name>.idx``."""
+    path allows (``index_path``), then the former ``<dir>/.<name>.idx``."""
     directory, name = posixpath.split(data_path)
     # The outermost root first: the datasink and the CLI write there.
     return [index_path(data_path, root) for root in reversed(_hive_roots(data_path))] + [
@@ -196,7 +196,7 @@ class RecordIndex:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, path: str) -> RecordIndex:
-        """Parse a sidecar; raises :class:`IndexFormatError` naming ``path``."""
+        """Parse a sidecar; raises ``IndexFormatError`` naming ``path``."""
         if len(data) < _HEADER.size + _TRAILER.size:
             raise IndexFormatError(f"{path}: index sidecar truncated ({len(data)} bytes)")
         magic, version, _flags, spacing, size, count, head, tail, n = _HEADER.unpack_from(data)
@@ -226,11 +226,11 @@ class RecordIndex:
 
 
 class IndexBuilder:
-    """Builds a :class:`RecordIndex` while a file is written or scanned.
+    """Builds a ``RecordIndex`` while a file is written or scanned.
 
     Feed it the absolute header offsets of records in file order
-    (:meth:`add_records`) and, when writing, the bytes written
-    (:meth:`observe_bytes`) so it can fingerprint the file's head and tail.
+    (``add_records``) and, when writing, the bytes written
+    (``observe_bytes``) so it can fingerprint the file's head and tail.
     """
 
     def __init__(self, spacing_bytes: int = sizes.INDEX_SPACING_BYTES):
@@ -269,7 +269,7 @@ class IndexBuilder:
         self, data_size: int, head: bytes | None = None, tail: bytes | None = None
     ) -> RecordIndex:
         """Return the index of a ``data_size``-byte file. ``head``/``tail`` default to
-        what :meth:`observe_bytes` saw."""
+        what ``observe_bytes`` saw."""
         return RecordIndex(
             data_size=data_size,
             num_records=self._num_records,
@@ -295,7 +295,7 @@ def read_fingerprint(
 def load_index(
     filesystem: pafs.FileSystem, data_path: str, size: int, head: bytes, tail: bytes, stored: bytes | None = None
 ) -> RecordIndex | None:
-    """Return the sidecar index of ``data_path`` (the first of :func:`index_candidates` that
+    """Return the sidecar index of ``data_path`` (the first of ``index_candidates`` that
     exists; ``stored``: the index bytes a manifest holds instead) if it still matches the file;
     ``None`` (with a log line saying why) otherwise."""
     sidecar, data = f"{data_path} (the manifest's index)", stored
@@ -327,7 +327,7 @@ def load_index(
 def write_index(
     filesystem: pafs.FileSystem, data_path: str, index: RecordIndex, root: str | None = None
 ) -> str:
-    """Write ``index`` as the sidecar of ``data_path`` (at :func:`index_path`, which says
+    """Write ``index`` as the sidecar of ``data_path`` (at ``index_path``, which says
     what ``root`` is); returns the sidecar path."""
     sidecar = index_path(data_path, root)
     with filesystem.open_output_stream(sidecar, compression=None) as f:
@@ -344,7 +344,7 @@ def build_index(
     """Scan ``data_path`` (verifying every CRC) and return its index, or ``None`` if
     the file is compressed (compressed files are never split, so never indexed).
 
-    Raises :class:`~ray_tfrecord._src.core.errors.CorruptRecordError` naming the file and
+    Raises ``CorruptRecordError`` naming the file and
     offset if the file is damaged: an index of a damaged file would be wrong.
     """
     from ray_tfrecord._src.core.framing import detect_compression, iter_chunks

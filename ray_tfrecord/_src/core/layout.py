@@ -4,7 +4,7 @@ A dataset is a directory of data files (``part-*``, optionally under Hive ``col=
 directories) beside a few hidden entries that readers skip: any path component starting with
 ``.`` or ``_`` (the Hadoop convention: ``_SUCCESS``, ``_temporary/``, ``.crc`` files). The names
 other writers leave (Beam's ``beam-temp-*``, TFDS metadata, index files) are
-:mod:`ray_tfrecord._src.io.foreign`'s.
+``ray_tfrecord._src.io.foreign``'s.
 
 >>> is_hidden("year=2021/_temporary/0/part-0")
 True
@@ -27,7 +27,7 @@ INDEX_PREFIX = "_index."
 #: The former index layout, a hidden sidecar beside its data file (``.<name>.idx``); still read.
 LEGACY_INDEX_SUFFIX = ".idx"
 #: On object stores, the list of the dataset's committed files (with their indexes); writing it is the
-#: commit, and our readers read only the files it lists (:mod:`ray_tfrecord._src.core.manifest`).
+#: commit, and our readers read only the files it lists (``ray_tfrecord._src.core.manifest``).
 MANIFEST_FILE = "_tfrecord_manifest.json"
 #: Hive's spelling of a null partition value (Spark writes it too).
 HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"

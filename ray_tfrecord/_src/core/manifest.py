@@ -1,9 +1,9 @@
 """The manifest of a dataset on an object store: which files are committed, with their indexes.
 
 On S3 and GCS a write's files go straight to their final keys, and the commit is one write of
-``<root>/_tfrecord_manifest.json`` (:data:`~ray_tfrecord._src.core.layout.MANIFEST_FILE`), which
+``<root>/_tfrecord_manifest.json`` (``MANIFEST_FILE``), which
 lists every committed data file: its path relative to the root, its size and rows, and its record
-index (:class:`~ray_tfrecord._src.core.index.RecordIndex` bytes, base64), which replaces the
+index (``RecordIndex`` bytes, base64), which replaces the
 per-file ``_index.*`` sidecar there. A reader that finds a manifest reads only the files it lists,
 so a write in flight or killed shows nothing. ``ray_tfrecord._src.io.commit`` says when it is
 written.

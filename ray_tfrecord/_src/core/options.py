@@ -19,9 +19,15 @@ This module imports neither Ray nor the native codec: the codec layer validates 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, get_args
+
+from .public import public
 
 RecordType = Literal["Example", "SequenceExample", "ByteArray"]
+"""What each record holds: a ``tf.train.Example``, a ``tf.train.SequenceExample`` (its
+``feature_lists`` are ``list<list<T>>`` columns), or ``"ByteArray"``: raw payloads, read as one
+``binary`` column, ``record`` ([`BYTE_ARRAY_SCHEMA`][ray_tfrecord.BYTE_ARRAY_SCHEMA])."""
 Compression = Literal["gzip", "zlib"]
 OnCorrupt = Literal["raise", "skip"]
 Mode = Literal["error", "overwrite", "append", "ignore"]
@@ -33,6 +39,26 @@ COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 ON_CORRUPT: tuple[OnCorrupt, ...] = get_args(OnCorrupt)
 MODES: tuple[Mode, ...] = get_args(Mode)
 
+
+
+@public("ray_tfrecord")
+class RayTaskOptions(TypedDict, total=False):
+    """Ray's options for the read or write tasks, by name, as Ray 2.60's ``ray.data.read_datasource`` takes
+    them. Only the ones given reach Ray; a Ray release whose call does not name one yet gets it inside
+    ``ray_remote_args``."""
+
+    num_cpus: float
+    num_gpus: float
+    memory: float
+    resources: dict[str, float]
+    accelerator_type: str
+    runtime_env: dict[str, Any]
+    label_selector: dict[str, str]
+    fallback_strategy: list[dict[str, Any]]
+    max_calls: int
+
+
+RAY_TASK_OPTIONS: frozenset[str] = frozenset(RayTaskOptions.__optional_keys__)
 
 def _one_of(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
@@ -79,3 +105,12 @@ def compression_level(value: object, compression: object) -> int | None:
         raise ValueError(f"compression_level={value} applies to compressed files only; pass compression='gzip' "
                          "or 'zlib' as well, or leave compression_level unset")
     return value
+
+
+def ray_task_options(function: str, given: Mapping[str, Any]) -> RayTaskOptions:
+    """``given`` (a function's ``**task_options``) if it names only Ray task options, else the
+    ``TypeError`` Python raises for an unexpected keyword."""
+    for name in given:
+        if name not in RAY_TASK_OPTIONS:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+    return given  # type: ignore[return-value]

@@ -11,7 +11,7 @@ Rules (a sample never silently changes what the data means):
   ``fixed_size_list<T>[n]``.
 - SequenceExample ``feature_lists`` -> ``list<list<T>>``.
 - Kinds never merge: a feature that is ``int64_list`` in one record and ``float_list`` in another
-  is a :class:`~ray_tfrecord._src.core.errors.SchemaError` naming both records.
+  is a ``SchemaError`` naming both records.
 - A feature that never has a kind set in the sample (every occurrence an empty ``Feature``) is
   ``list<null>``: it reads back as empty lists and writes back as empty ``Feature`` s, so it
   round-trips exactly. An empty list *with* a kind (``int64_list {}``) keeps its kind.
@@ -44,6 +44,7 @@ from .errors import DecodeError, SchemaError
 from .framing import RecordChunk
 from .layout import SCHEMA_FILE
 from .options import RecordType
+from .public import public
 from .types import KIND_NAMES, NATIVE_LEAF, record_type_code
 
 _RECORD_TYPE_KEY = b"ray_tfrecord.record_type"
@@ -69,7 +70,7 @@ def read_stored_schema(filesystem, root: str, record_type: RecordType | None = N
 def merge_recorded(recorded: pa.Schema, appended: pa.Schema, *, path: str | None = None) -> pa.Schema:
     """The schema of a dataset recorded as ``recorded`` once records of schema ``appended`` are
     added: every recorded column keeps its type, new columns follow, and a column that some
-    records lack is nullable. Raises :class:`SchemaError` when a column changes type (``path``,
+    records lack is nullable. Raises ``SchemaError`` when a column changes type (``path``,
     the dataset, goes in the message)."""
     kind, new_kind = ((s.metadata or {}).get(_RECORD_TYPE_KEY) for s in (recorded, appended))
     if kind != new_kind:
@@ -122,6 +123,7 @@ def _inspect(chunk: RecordChunk, rtype: int) -> list[_native.InspectedColumn]:
                           offset=chunk.offset(e.record), column=name) from None
 
 
+@public("ray_tfrecord")
 def infer_schema(chunks: Iterable[RecordChunk], record_type: RecordType = "Example", *,
                  fixed_size_lists: bool = False) -> pa.Schema:
     """Infer the schema of the records in ``chunks`` (all of them: the caller bounds the sample)."""

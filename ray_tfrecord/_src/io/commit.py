@@ -1,32 +1,32 @@
 """The staged, all-or-nothing commit of a TFRecord write, on any ``pyarrow.fs`` filesystem.
 
-This module imports no Ray: :class:`Commit` is the protocol alone, driven by the Ray datasink
-(:mod:`ray_tfrecord._src.io.datasink`) and testable on a local directory.
+This module imports no Ray: ``Commit`` is the protocol alone, driven by the Ray datasink
+(``ray_tfrecord._src.io.datasink``) and testable on a local directory.
 
 What a concurrent reader sees:
 
-1. :meth:`Commit.apply_mode` and :meth:`Commit.start` (driver) apply the save mode; the writers
+1. ``Commit.apply_mode`` and ``Commit.start`` (driver) apply the save mode; the writers
    then write every file, and its index sidecar (``_index.<relative path>``, see
-   :mod:`ray_tfrecord._src.core.index`), under ``<path>/_temporary/<write id>/``. Readers that skip
+   ``ray_tfrecord._src.core.index``), under ``<path>/_temporary/<write id>/``. Readers that skip
    ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see these files, so a
    failed or killed write leaves nothing visible (at worst a hidden ``_temporary/<write id>/``
    directory after a hard kill).
-2. Only after every writer succeeded, :meth:`Commit.finish` (driver) moves the staged files into
+2. Only after every writer succeeded, ``Commit.finish`` (driver) moves the staged files into
    place (sidecar first, so a data file is splittable as soon as it is visible), then, for
    ``overwrite``, deletes the files that were there before, then removes the staging directory,
-   records the schema and writes ``_SUCCESS`` last. A failed write calls :meth:`Commit.abort`.
+   records the schema and writes ``_SUCCESS`` last. A failed write calls ``Commit.abort``.
 
 Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) the commit is per write task
 instead, because Ray records a task's ids as done when the task returns, and a rerun skips them: the
 task's files must be in place by then. Ray writes the ids as a pending record before the task writes;
-:meth:`Commit.publish` (in the task) moves the task's staged files into place (each a rename, so never
+``Commit.publish`` (in the task) moves the task's staged files into place (each a rename, so never
 half-written) and Ray then commits the record. A job killed between the two leaves a pending record; the
 rerun's recovery (Ray's) deletes the files named after it and writes those rows again. Files are named
 ``part-<task>-<write id>-<n>`` so that Ray can match them. The staging directory is then
 ``_temporary/checkpoint-<key of the checkpoint path>/``, the same in every run of the job: it holds each
 task's record schemas, and its presence after Ray deleted its checkpoint (on success) says the data is
-complete and only this commit's last steps remain. :meth:`Commit.apply_mode` applies the save mode on the
-job's first run only; reruns continue it. :meth:`Commit.finish` then records the schema of every run's
+complete and only this commit's last steps remain. ``Commit.apply_mode`` applies the save mode on the
+job's first run only; reruns continue it. ``Commit.finish`` then records the schema of every run's
 files, removes index sidecars whose data file Ray deleted, writes ``_SUCCESS`` and removes the staging
 directory last.
 
@@ -35,14 +35,14 @@ During step 2 a reader listing the directory may see a partial dataset: some of 
 deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds.
 
 On an object store (S3, GCS), where a move is a copy of every byte, nothing is staged or moved (the
-table formats' commit; ARCHITECTURE.md says why). :meth:`Commit.start` makes sure the dataset has a
-manifest (:mod:`ray_tfrecord._src.core.manifest`; our readers read only what it lists), writing one
+table formats' commit; ARCHITECTURE.md says why). ``Commit.start`` makes sure the dataset has a
+manifest (``ray_tfrecord._src.core.manifest``; our readers read only what it lists), writing one
 of the files already there if it has none; write tasks write each file at its final key,
-``part-<task>-<write id>-<n>``, and return its size, rows and index; :meth:`Commit.finish` records the
+``part-<task>-<write id>-<n>``, and return its size, rows and index; ``Commit.finish`` records the
 schema and writes the new manifest in one request, the commit; then ``_SUCCESS``; then it deletes, in
 parallel, what the manifest no longer lists (``overwrite``'s old files, a retried task's extras).
 Checkpointed tasks write the same way and record their files in one object per task in the staging
-directory, which :meth:`Commit.finish` lists in the manifest.
+directory, which ``Commit.finish`` lists in the manifest.
 
 Example (``staged`` and ``schemas`` are what the writers report)::
 
@@ -150,7 +150,7 @@ def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> 
 
 def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
     """Whether ``path`` holds data: a file, or a directory with anything besides ``_temporary`` and a
-    manifest (an object store's; see :meth:`Commit.has_data`)."""
+    manifest (an object store's; see ``Commit.has_data``)."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
         return True
@@ -170,13 +170,15 @@ class Commit:
             ``"append"`` or ``"ignore"``.
         underlying: The filesystem ``filesystem`` wraps, to tell a local disk and an object store
             apart; ``filesystem`` itself when absent.
+        caller_names: Whether the caller names the files (a ``FilenameProvider``): on an object store
+            they are then staged and checked first, since the names could clash.
 
-    The object is pickled into the writers along with the datasink; only :attr:`staging`,
-    :attr:`object_store` and :attr:`filesystem` matter there.
+    The object is pickled into the writers along with the datasink; only ``staging``,
+    ``object_store`` and ``filesystem`` matter there.
     """
 
     def __init__(self, filesystem: pafs.FileSystem, path: str, mode: options.Mode, *,
-                 underlying: pafs.FileSystem | None = None) -> None:
+                 underlying: pafs.FileSystem | None = None, caller_names: bool = False) -> None:
         self.filesystem = filesystem
         self.path = path.rstrip("/")
         self.mode = options.mode(mode)
@@ -184,25 +186,31 @@ class Commit:
         #: Whether ``filesystem`` is S3 or GCS: no directories, a move is a copy; commits by manifest.
         self.object_store = is_object_store(base)
         #: Whether write tasks write files at their final paths (object stores, unless the caller names
-        #: the files: those could clash, so they are staged and checked first).
-        self.direct = self.object_store
+        #: the files).
+        self.direct = self.object_store and not caller_names
         self._local = isinstance(base, pafs.LocalFileSystem)
         #: This write's id, in the names of the files written directly.
         self.write_id = uuid.uuid4().hex
-        #: Where writers put their files until :meth:`finish` moves them into place.
+        #: Where writers put their files until ``finish`` moves them into place.
         self.staging = posixpath.join(self.path, STAGING_DIR, self.write_id)
-        #: Set by :meth:`apply_mode`: the schema recorded by the dataset this write appends to
+        #: Set by ``apply_mode``: the schema recorded by the dataset this write appends to
         #: (appended rows must agree with it), and whether ``ignore`` skips the write.
         self.recorded: pa.Schema | None = None
         self.skipped = False
-        #: Set by :meth:`use_checkpoint`: the job checkpoint this write takes part in; and by
-        #: :meth:`apply_mode`: whether a rerun found the job's data complete (and completed its commit).
+        #: Set by ``use_checkpoint``: the job checkpoint this write takes part in; and by
+        #: ``apply_mode``: whether a rerun found the job's data complete (and completed its commit).
         self.checkpoint: str | None = None
         self.completed: TFRecordWriteResult | None = None
         self._created_root = False
 
+    @property
+    def write_dir(self) -> str:
+        """Where write tasks put their files: the dataset directory when they write directly, else the
+        staging directory."""
+        return self.path if self.direct else self.staging
+
     def use_checkpoint(self, checkpoint_path: str, *, started: bool) -> None:
-        """Take part in the job checkpoint at ``checkpoint_path`` (call before :meth:`apply_mode`);
+        """Take part in the job checkpoint at ``checkpoint_path`` (call before ``apply_mode``);
         ``started``: it holds records, so this run continues an earlier one."""
         self.checkpoint = hashlib.sha256(checkpoint_path.encode()).hexdigest()[:16]
         self.staging = posixpath.join(self.path, STAGING_DIR, CHECKPOINT_STAGING + self.checkpoint)
@@ -243,7 +251,7 @@ class Commit:
         return dataset_exists(self.filesystem, self.path)
 
     def start(self) -> None:
-        """Create the staging directory (after :meth:`apply_mode` said to go ahead)."""
+        """Create the staging directory (after ``apply_mode`` said to go ahead)."""
         fs = self.filesystem
         self._created_root = fs.get_file_info(self.path).type == pafs.FileType.NotFound
         if self.object_store and read_manifest(fs, self.path) is None:
@@ -274,7 +282,7 @@ class Commit:
     def publish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], base: str) -> list[StagedFile]:
         """In a checkpointed write task: record the task's ``schemas``, make its ``staged`` files durable
         and move them into place (sidecar first), before Ray commits the task's ids. ``base``: the
-        :func:`checkpoint_file_base` of the task's files. Returns the files, marked in place."""
+        ``checkpoint_file_base`` of the task's files. Returns the files, marked in place."""
         fs = self.filesystem
         for n, schema in enumerate(schemas):
             with fs.open_output_stream(posixpath.join(self.staging, f"{base}.{n}{_SCHEMA_RECORD}"),
@@ -364,7 +372,7 @@ class Commit:
         )
 
     def _finish_by_manifest(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema]) -> TFRecordWriteResult:
-        """:meth:`finish` on an object store: one manifest write commits; the deletes after it run in parallel."""
+        """``finish`` on an object store: one manifest write commits; the deletes after it run in parallel."""
         fs = self.filesystem
         moves = [f for f in staged if not f.in_place]  # a filename_provider's files, staged
         parallel(lambda f: fs.move(posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)),
@@ -448,7 +456,7 @@ class Commit:
         """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
 
         It records the schema every writer wrote, merged into the one recorded before for an append
-        (:func:`~ray_tfrecord._src.core.schema.merge_recorded`); it is removed when writers wrote conflicting
+        (``merge_recorded``); it is removed when writers wrote conflicting
         types, or when appending to files whose schema was not recorded. A checkpointed write always
         merges into what is recorded (its first run removed it for an overwrite, except on an object store:
         ``merge_into_recorded=False`` there); ``appended_to_data`` then says that the job appended to files

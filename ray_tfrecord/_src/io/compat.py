@@ -3,14 +3,14 @@
 It is a public module of the package (no underscore) because the tf layer needs the Ray Train
 and actor-pool switches too; it is not part of the user-facing API.
 
-Supported: Ray 2.50 (October 2025) to :data:`NEWEST_TESTED_RAY`, both ends tested (`make test` at the
+Supported: Ray 2.50 (October 2025) to ``NEWEST_TESTED_RAY``, both ends tested (`make test` at the
 newest, `make test-lowest` at the floor pinned in ``.ci/lowest-constraints.txt``). Everything else in
 the package imports public Ray names only; what is here has no public counterpart, and each name says
 which public API it stands in for. A private name that a Ray release removes costs its feature, with
 one warning, never the import: the fallback beside each name says what is lost.
 
 Raising the newest tested Ray (one line): install the new release in ``.venv``, run ``make test``,
-and when it passes set :data:`NEWEST_TESTED_RAY` to its minor version.
+and when it passes set ``NEWEST_TESTED_RAY`` to its minor version.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ import ray
 from ray.data.context import DataContext
 from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
+from ray_tfrecord._src.core import options
+
 __all__ = [
     "HIVE_PARSER_DECODES",
     "NEWEST_TESTED_RAY",
     "OLDEST_SUPPORTED_RAY",
     "RAY_BUNDLES_WRITES_BY_BYTES",
     "RAY_VERSION",
-    "REMOTE_OPTIONS",
     "ROW_COUNT_STUB_COLUMN",
     "TRAIN_V2_MESSAGE",
     "SaveMode",
@@ -210,7 +211,7 @@ def unwrap_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
 
 
 def pickleable_filesystem(fs: pafs.FileSystem) -> Any:
-    """``fs`` made safe to ship in a task; undo with :func:`unpickled_filesystem`."""
+    """``fs`` made safe to ship in a task; undo with ``unpickled_filesystem``."""
     return _wrap_s3(fs) if _wrap_s3 else fs
 
 
@@ -232,22 +233,19 @@ def shuffle_seed(config: Any, execution_idx: int) -> int | None:
     return get_seed(execution_idx) if get_seed is not None else config.seed
 
 
-# Ray task options that ``ray.data.read_datasource`` takes by name from 2.59 (2.60 deprecates passing them in
-# ``ray_remote_args``, to be removed in 2.64); earlier releases, and ``Dataset.write_datasink`` in all, take
-# them inside ``ray_remote_args`` only.
-REMOTE_OPTIONS = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env",
-                            "label_selector", "fallback_strategy", "max_calls"})
 
 
 def ray_call_args(func: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """The caller's options (``None`` meaning not given) as keywords for the Ray call ``func``: what its
     signature names passes as given, so that Ray's own defaults and deprecation warnings apply; Ray task
-    options it does not name go into its ``ray_remote_args``, merged over the caller's."""
+    options it does not name go into its ``ray_remote_args``, merged over the caller's: ``read_datasource``
+    names them from Ray 2.59 (2.60 deprecates them in ``ray_remote_args``, to be removed in 2.64); earlier
+    releases, and ``Dataset.write_datasink`` in all, take them inside ``ray_remote_args`` only."""
     params = inspect.signature(func).parameters
     given = {k: v for k, v in given.items() if v is not None}
     out = {k: v for k, v in given.items() if k in params}
     folded = {k: v for k, v in given.items() if k not in params}
-    unknown = sorted(set(folded) - REMOTE_OPTIONS)
+    unknown = sorted(set(folded) - options.RAY_TASK_OPTIONS)
     if unknown:
         raise TypeError(f"Ray {ray.__version__} does not take {', '.join(unknown)}; upgrade Ray or leave it out")
     if folded:
@@ -264,7 +262,7 @@ def actor_pool_args(size: int) -> dict[str, Any]:
     return {"concurrency": size}
 
 
-#: Why :func:`train_v2_enabled` is false, in the caller's terms.
+#: Why ``train_v2_enabled`` is false, in the caller's terms.
 TRAIN_V2_MESSAGE = (f"Ray {ray.__version__} runs Ray Train v1, and ray_tfrecord's trainer needs v2: set "
                     "RAY_TRAIN_V2_ENABLED=1 in the environment before Ray starts (the default from Ray 2.51)")
 

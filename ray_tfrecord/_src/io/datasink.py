@@ -21,7 +21,7 @@ import logging
 import math
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -35,6 +35,7 @@ from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, check_encodable
 from ray_tfrecord._src.core.errors import TFRecordError
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat, progress, stores
 from ray_tfrecord._src.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord._src.io.compat import SaveMode
@@ -61,6 +62,7 @@ class _CheckpointNames(FilenameProvider):
         return checkpoint_file_base(task_index, write_uuid) + ".tfrecord"
 
 
+@public("ray_tfrecord")
 class TFRecordDatasink(_Base):
     """Writes a dataset as TFRecord files, Hive-partitioned if asked.
 
@@ -151,15 +153,15 @@ class TFRecordDatasink(_Base):
         paths, fs = stores.resolve_paths([self._unresolved_path], filesystem)
         retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
-        self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying))
-        self.commit.direct = self.commit.direct and filename_provider is None
+        self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying),
+                             caller_names=filename_provider is not None)
         self._min_rows_per_file = min_rows_per_file
         self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
         self._config = WriteConfig(
             filesystem=retrying,
             path=self.commit.path,
-            staging=self.commit.path if self.commit.direct else self.commit.staging,
+            staging=self.commit.write_dir,
             object_store=self.commit.object_store,
             direct=self.commit.direct,
             record_type=record_type,
@@ -210,6 +212,21 @@ class TFRecordDatasink(_Base):
 
     # -- driver side ------------------------------------------------------------------
 
+    def prepare(self, ds: Dataset) -> bool:
+        """Settle what can be settled before ``ds`` runs, so that Ray does not compute a dataset only for
+        the sink to refuse or drop it: join its job checkpoint and apply the save mode (``True``: nothing
+        is to be written, and :attr:`result` says why), and check the schema Ray knows without executing
+        it. Optional: ``ds.write_datasink(sink)`` alone does the same as the write starts."""
+        self._context = ds.context
+        if self.apply_mode(ds.context):
+            return True
+        if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
+            self._bundle_rows_like_bytes(ds)
+        known = ds.schema(fetch_if_missing=False)
+        if known is not None and isinstance(known.base_schema, pa.Schema):
+            self.check_schema(known.base_schema)
+        return False
+
     def apply_mode(self, context: DataContext | None = None) -> bool:
         """Take part in the job checkpoint of ``context`` (the dataset's; default: the current one), if
         it has one, and apply the save mode, once; ``True``: nothing is to be written (``ignore`` found
@@ -224,8 +241,7 @@ class TFRecordDatasink(_Base):
                 if started:
                     progress.preflight("write_tfrecords", [progress.CHECKPOINT_FILTER])
                 self.commit.use_checkpoint(config.checkpoint_path, started=started)
-                staging = self.commit.path if self.commit.direct else self.commit.staging
-                self._config = dataclasses.replace(self._config, checkpointed=True, staging=staging)
+                self._config = dataclasses.replace(self._config, checkpointed=True, staging=self.commit.write_dir)
             self._skips = self.commit.apply_mode()
             if self.commit.completed is not None:
                 self.result = self.commit.completed
@@ -335,6 +351,7 @@ class TFRecordDatasink(_Base):
         return {"files": files, "schemas": schemas}
 
 
+@public("ray_tfrecord")
 def write_tfrecords(
     ds: Dataset,
     path: str | os.PathLike,
@@ -353,16 +370,8 @@ def write_tfrecords(
     allow_float64_narrowing: bool = False,
     allow_decimal_narrowing: bool = False,
     concurrency: int | None = None,
-    num_cpus: float | None = None,
-    num_gpus: float | None = None,
-    memory: float | None = None,
-    resources: dict[str, float] | None = None,
-    accelerator_type: str | None = None,
-    runtime_env: dict[str, Any] | None = None,
-    label_selector: dict[str, str] | None = None,
-    fallback_strategy: list[dict[str, Any]] | None = None,
-    max_calls: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
+    **task_options: Unpack[options.RayTaskOptions],
 ) -> TFRecordWriteResult:
     """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
     for the arguments and the commit protocol. Returns what was written.
@@ -395,21 +404,10 @@ def write_tfrecords(
         allow_float64_narrowing=allow_float64_narrowing,
         allow_decimal_narrowing=allow_decimal_narrowing,
     )
-    given = dict(
-        concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources,
-        accelerator_type=accelerator_type, runtime_env=runtime_env, label_selector=label_selector,
-        fallback_strategy=fallback_strategy, max_calls=max_calls, ray_remote_args=ray_remote_args,
-    )
-    # Settle error/ignore before executing the dataset: Ray would otherwise compute
-    # the whole dataset only for the sink to refuse or drop it.
-    sink._context = ds.context
-    if sink.apply_mode(ds.context):
+    given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args,
+                 **options.ray_task_options("write_tfrecords", task_options))
+    if sink.prepare(ds):
         return _result(sink)
-    if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
-        sink._bundle_rows_like_bytes(ds)
-    known = ds.schema(fetch_if_missing=False)
-    if known is not None and isinstance(known.base_schema, pa.Schema):
-        sink.check_schema(known.base_schema)  # fail before computing anything
     try:
         with progress.Watchdog("write_tfrecords", progress.checkpoint_holders(ds.context)):
             ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))

@@ -7,18 +7,18 @@ Example:
 
 Reading works in three stages:
 
-1. *Listing* (driver, at construction): :func:`ray_tfrecord._src.io.listing.list_files`, which
+1. *Listing* (driver, at construction): ``ray_tfrecord._src.io.listing.list_files``, which
    skips names starting with ``.`` or ``_`` and applies ``partition_filter`` and
    ``file_extensions`` before any file is opened. Hive partition columns are typed
-   from all listed values (:mod:`ray_tfrecord._src.io.partitioning`).
+   from all listed values (``ray_tfrecord._src.io.partitioning``).
 2. *Schema* (driver, at construction): the one given, else the schema recorded by the
    ``write_tfrecords`` that wrote the directory, else inferred from the first
    ``infer_sample_records`` records of the first files (at most ``_INFER_MAX_FILES``
-   files); see :func:`_record_schema`. Partition and ``path`` columns are added to it.
-3. *Planning* (driver, per execution): :mod:`ray_tfrecord._src.io.planning` cuts files into
+   files); see ``_record_schema``. Partition and ``path`` columns are added to it.
+3. *Planning* (driver, per execution): ``ray_tfrecord._src.io.planning`` cuts files into
    byte ranges and packs them into read tasks of about ``total_bytes / parallelism``
    bytes.
-4. *Reading* (read tasks): :mod:`ray_tfrecord._src.io.read_tasks`; each task streams one block per
+4. *Reading* (read tasks): ``ray_tfrecord._src.io.read_tasks``; each task streams one block per
    4 MiB of framed records (or ``target_max_block_size``, if smaller).
 """
 
@@ -29,7 +29,7 @@ import copy
 import os
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -46,6 +46,7 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.manifest import is_object_store
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.core.schema import infer_schema, read_stored_schema
 from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.listing import Listing, list_files
@@ -83,12 +84,13 @@ class _CorruptionLedger:
 _RemoteLedger = ray.remote(num_cpus=0)(_CorruptionLedger)
 
 
+@public("ray_tfrecord")
 class TFRecordDatasource(Datasource):
     """Reads TFRecord files (``tf.train.Example``, ``tf.train.SequenceExample`` or
     raw bytes) into Arrow blocks with the native codec.
 
     Use with ``ray.data.read_datasource(TFRecordDatasource(paths, ...))`` or through
-    :func:`read_tfrecords`, which takes the same arguments.
+    [`read_tfrecords`][ray_tfrecord.read_tfrecords], which takes the same arguments.
 
     Args:
         paths: A file, a directory (read recursively), or a list of them, as strings or
@@ -101,7 +103,7 @@ class TFRecordDatasource(Datasource):
             strings), else inferred (see ``infer_sample_records``). Partition and ``path``
             columns are added to it. A given schema is checked against the first chunk
             (1 MiB) of the data here, on the driver: a contradicting type raises
-            :class:`~ray_tfrecord._src.core.errors.DecodeError`, a field none of those records has
+            [`DecodeError`][ray_tfrecord.DecodeError], a field none of those records has
             gets a ``UserWarning``.
         columns: Columns to produce (record, partition or ``path`` columns), in this
             order. Only these record columns are decoded. ``Dataset.select_columns``
@@ -110,16 +112,18 @@ class TFRecordDatasource(Datasource):
             ``None`` (uncompressed), ``"gzip"`` or ``"zlib"`` for all files.
         verify_crc: Check each record's data CRC (the length CRC is always checked).
         on_corrupt: ``"raise"`` (default) raises
-            :class:`~ray_tfrecord._src.core.errors.CorruptRecordError` naming the file and byte
+            [`CorruptRecordError`][ray_tfrecord.CorruptRecordError] naming the file and byte
             offset; ``"skip"`` drops bad records, logs them and counts them; the
-            count is available from :meth:`corruption_report` after execution. A
+            count is available from [`corruption_report`][ray_tfrecord.TFRecordDatasource.corruption_report] after execution. A
             damaged GZIP/ZLIB stream keeps the records before the damage and counts the
             rest of the file as one lost stretch.
         filesystem: The ``pyarrow.fs.FileSystem`` to use; inferred from the paths
             when absent.
         partitioning: How directory names map to columns; Hive ``key=value`` by
-            default, ``None`` to disable. Values are typed (see :mod:`ray_tfrecord._src.io.partitioning`) unless
-            ``partitioning.field_types`` says otherwise.
+            default, ``None`` to disable. Unless ``partitioning.field_types`` says otherwise, a
+            column is typed from every value listed for it: ``int64`` if all are integers, else
+            ``float64``, else ``bool`` (``true``/``false``), else ``string``;
+            ``__HIVE_DEFAULT_PARTITION__`` is null.
         partition_filter: A ``PathPartitionFilter``; files it rejects are dropped
             after listing and never opened.
         include_paths: Add a ``path`` column with each row's file path.
@@ -371,6 +375,7 @@ def _check_schema_against(schema: pa.Schema, listing: Listing, record_type: Reco
         )
 
 
+@public("ray_tfrecord")
 def read_tfrecords(
     paths: str | os.PathLike | list[str | os.PathLike],
     *,
@@ -390,18 +395,10 @@ def read_tfrecords(
     infer_sample_records: int = 10_000,
     fixed_size_lists: bool = False,
     override_num_blocks: int | None = None,
-    num_cpus: float | None = None,
-    num_gpus: float | None = None,
-    memory: float | None = None,
     concurrency: int | None = None,
     compute: TaskPoolStrategy | ActorPoolStrategy | None = None,
-    resources: dict[str, float] | None = None,
-    accelerator_type: str | None = None,
-    runtime_env: dict[str, Any] | None = None,
-    label_selector: dict[str, str] | None = None,
-    fallback_strategy: list[dict[str, Any]] | None = None,
-    max_calls: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
+    **task_options: Unpack[options.RayTaskOptions],
 ) -> Dataset:
     """Read TFRecord files into a :class:`ray.data.Dataset`.
 
@@ -416,8 +413,8 @@ def read_tfrecords(
     200: each task streams blocks of a few MiB already. That needs a running Ray to
     count CPUs; before ``ray.init()`` the read leaves the choice to Ray Data. To retrieve
     the count of records skipped with ``on_corrupt="skip"``, build the
-    :class:`TFRecordDatasource` yourself and call its
-    :meth:`~TFRecordDatasource.corruption_report` after executing the dataset.
+    [`TFRecordDatasource`][ray_tfrecord.TFRecordDatasource] yourself and call its
+    [`corruption_report`][ray_tfrecord.TFRecordDatasource.corruption_report] after executing the dataset.
 
     Example:
         >>> import ray_tfrecord
@@ -445,13 +442,9 @@ def read_tfrecords(
     if override_num_blocks is None:
         size = datasource.estimate_inmemory_data_size() or 0
         override_num_blocks = default_read_tasks(size, compat.data_context().target_max_block_size)
-    given = dict(
-        override_num_blocks=override_num_blocks, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
-        concurrency=concurrency, compute=compute, resources=resources, accelerator_type=accelerator_type,
-        runtime_env=runtime_env, label_selector=label_selector, fallback_strategy=fallback_strategy,
-        max_calls=max_calls, ray_remote_args=ray_remote_args,
-    )
-    progress.preflight("read_tfrecords", [], task_cpus=progress.TASK_CPUS if num_cpus is None else num_cpus)
+    given = dict(override_num_blocks=override_num_blocks, concurrency=concurrency, compute=compute,
+                 ray_remote_args=ray_remote_args, **options.ray_task_options("read_tfrecords", task_options))
+    progress.preflight("read_tfrecords", [], task_cpus=task_options.get("num_cpus", progress.TASK_CPUS))
     return ray.data.read_datasource(datasource, **compat.ray_call_args(ray.data.read_datasource, given))
 
 

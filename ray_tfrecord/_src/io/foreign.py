@@ -3,9 +3,9 @@
 A directory written by TensorFlow Datasets, Apache Beam, Spark or Hadoop, DALI's or the
 ``tfrecord`` package's index tool holds more than records:
 
-- **Staging output** of an unfinished or failed job (:data:`STAGING`): valid records that a retried
+- **Staging output** of an unfinished or failed job (``STAGING``): valid records that a retried
   run wrote again, so reading them duplicates rows. Skipped, with one warning naming them.
-- **Sidecars** (:data:`SIDECARS`): index and metadata files, recognised by their name *and* their
+- **Sidecars** (``SIDECARS``): index and metadata files, recognised by their name *and* their
   content (a sidecar's name on anything else is read as data, so a damaged TFRecord file is
   never skipped quietly). Left out, with a log line.
 - Any other file whose name says it is not TFRecord data (``.json``, ``.txt``, ``.csv`` ...) and
@@ -13,7 +13,7 @@ A directory written by TensorFlow Datasets, Apache Beam, Spark or Hadoop, DALI's
   glob that leaves it out.
 
 TFDS shards (``<name>-<split>.tfrecord-00000-of-00004`` beside the ``dataset_info.json`` TFDS
-writes) also tell their split (:func:`tfds_splits`).
+writes) also tell their split (``tfds_splits``).
 
 >>> staging_tool("beam-temp-part-0c1f/4a2e")
 ('beam-temp-part-0c1f', 'Apache Beam')
@@ -66,7 +66,7 @@ STAGING = (
     Rule(re.compile(r"incomplete\.([A-Z0-9]{6}_.+|[0-9a-f]{32}\..+)"), "TensorFlow Datasets"),
 )
 
-#: Sidecars by name. Their content is checked too (:func:`is_sidecar`).
+#: Sidecars by name. Their content is checked too (``is_sidecar``).
 SIDECARS = (
     # DALI's and the tfrecord package's tfrecord2idx: one "offset length" line per record.
     Rule(re.compile(r".+\.(index|idx)"), "index"),
@@ -167,7 +167,7 @@ def looks_like_tfrecord(head: bytes) -> bool:
 def screen(paths: list[str], fs: pafs.FileSystem, kept: list[str]) -> set[str]:
     """The sidecars among ``paths`` (files found by listing a directory), to leave out; logs them.
 
-    Raises :class:`NotTFRecordError` for a file whose name and content say it is not TFRecord
+    Raises ``NotTFRecordError`` for a file whose name and content say it is not TFRecord
     data and that no rule recognises; the message suggests how to leave it out, from ``kept``
     (the other files' paths)."""
     suspects = [p for p in paths if sidecar_kind(_name(p)) or _NOT_DATA.fullmatch(_name(p))]
@@ -194,7 +194,7 @@ def tfds_splits(paths: list[str], fs: pafs.FileSystem, roots: list[str]) -> dict
     """The split of each TFDS shard among ``paths``: a file named as TFDS names shards, in a
     directory holding TFDS's ``dataset_info.json``.
 
-    Raises :class:`TFRecordError` when one of ``roots`` (the paths read) holds several versions
+    Raises ``TFRecordError`` when one of ``roots`` (the paths read) holds several versions
     of one TFDS dataset (``<dataset>/1.0.0/``, ``<dataset>/1.0.1/``): each holds every row again."""
     shards = {p: m.group("split") for p in paths if (m := _TFDS_SHARD.fullmatch(_name(p)))}
     directories = sorted({posixpath.dirname(p) for p in shards})

@@ -67,7 +67,7 @@ def is_glob(path: str) -> bool:
 
 
 def parse_glob(pattern: str) -> Glob:
-    """Parse a Hadoop glob. Raises :class:`TFRecordError` naming the pattern for a malformed one
+    """Parse a Hadoop glob. Raises ``TFRecordError`` naming the pattern for a malformed one
     (an unclosed ``[`` or ``{``, an empty range, a trailing ``\\``)."""
     items, _ = _parse(pattern, 0, nested=False)
     branches = tuple(_components(flat) for flat in _expand(items))

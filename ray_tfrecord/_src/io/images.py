@@ -1,9 +1,9 @@
 """Encoded images (JPEG, PNG) -> fixed-size uint8 RGB tensors, a batch at a time, for Ray Data.
 
-:class:`ImageTransform` is a ``map_batches`` function: it replaces a column of encoded images (the
+``ImageTransform`` is a ``map_batches`` function: it replaces a column of encoded images (the
 ``image/encoded`` of ``build_imagenet_data.py``, TFDS and the Object Detection API) with a column of
 ``(height, width, channels)`` uint8 tensors (Ray's fixed-shape tensor extension, which
-:func:`~ray_tfrecord._src.tf.feed.tf_dataset` and ``ResumableFeed`` turn into one dense tensor per batch
+``tf_dataset`` and ``ResumableFeed`` turn into one dense tensor per batch
 without a copy per image) and keeps every other column.
 
 - ``training=True``: the Inception random-resized-crop (area 8-100% of the image, aspect 3/4-4/3, ten
@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from ray_tfrecord._src.core.errors import DecodeError
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io.order import GOLDEN, SEED_COLUMN, splitmix64
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN
 
@@ -69,6 +70,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 _DRAWS = 2 * ATTEMPTS + 3
 
 
+@public("ray_tfrecord")
 class ImageError(DecodeError):
     """An encoded image that cannot be decoded: corrupt, truncated, empty, null or not an image."""
 
@@ -144,6 +146,7 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         return _POOLS[threads]
 
 
+@public("ray_tfrecord")
 class ImageTransform:
     """A Ray Data ``map_batches`` function: encoded images -> ``(height, width, channels)`` uint8 tensors.
 
@@ -157,7 +160,7 @@ class ImageTransform:
         seed: where a batch has no ``__seed__`` column, the seed each row's is derived from (see the
             module's doc); None: fresh randomness. Unused when ``training=False``.
         channels: 3 (RGB: grayscale is repeated, alpha dropped, CMYK converted) or 1 (luma).
-        on_corrupt: ``"raise"``: an :class:`ImageError` naming the file (with
+        on_corrupt: ``"raise"``: an [`ImageError`][ray_tfrecord.ImageError] naming the file (with
             ``read_tfrecords(include_paths=True)``), column and row; ``"skip"``: leave the row out
             and log it, or, in a batch with a ``__weight__`` column (ResumableFeed's), keep it as a
             black image with weight 0, so every rank still feeds equal batches and it is not

@@ -1,7 +1,7 @@
 """Record indexes for planning: scanned in Ray tasks spread over the cluster, and kept for the next plan.
 
-:func:`~ray_tfrecord._src.io.splits.plan_splits` needs every file's record count and, to cut an
-uncompressed file into splits, record boundaries: an index (:mod:`ray_tfrecord._src.core.index`). A file
+``plan_splits`` needs every file's record count and, to cut an
+uncompressed file into splits, record boundaries: an index (``ray_tfrecord._src.core.index``). A file
 whose sidecar is missing or stale is scanned once, every record's CRC checked, in a Ray task
 (``SPREAD``: the bytes are read on the cluster's nodes, not all through the driver); a GZIP/ZLIB
 file is decompressed once to count its records.  What a scan finds is kept:
@@ -83,7 +83,7 @@ def file_indexes(fs: pafs.FileSystem, files: Sequence[DataFile], compression: Co
                  keep: bool) -> list[FileIndex]:
     """Every file's index, in order: its current sidecar, else the cache's, else a scan (kept as a
     sidecar or in the cache unless ``keep`` is false). Raises the scan's
-    :class:`~ray_tfrecord._src.core.errors.CorruptRecordError` for a damaged file."""
+    ``CorruptRecordError`` for a damaged file."""
     with ThreadPoolExecutor(_PROBE_THREADS) as pool:
         known = list(pool.map(lambda f: _known(fs, f, compression), files))
     missing = [f for f, k in zip(files, known, strict=True) if k is None]

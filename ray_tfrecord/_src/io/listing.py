@@ -4,19 +4,19 @@ Paths (strings or path-like objects) are resolved like every Ray reader's; direc
 listed recursively with one ``FileSelector`` call each and sorted. Files or directories whose
 name starts with ``.`` or ``_`` are skipped at any depth (Hadoop convention: ``_SUCCESS``,
 ``.crc`` files and this package's ``_index.*`` sidecars). What other writers leave in a directory
-is sorted out by :mod:`ray_tfrecord._src.io.foreign`: another job's staging output (``_temporary/``,
+is sorted out by ``ray_tfrecord._src.io.foreign``: another job's staging output (``_temporary/``,
 ``beam-temp-*/`` ...) is skipped with a warning, known sidecars (index files, TFDS metadata) are
 left out with a log line, and a file named and shaped like something else stops the listing.
 ``partition_filter`` and ``file_extensions`` are then applied, so a pruned file is never
 opened. TFDS shards get a ``split`` partition column.
 
-Under a dataset root that holds a manifest (:mod:`ray_tfrecord._src.core.manifest`: a dataset written
+Under a dataset root that holds a manifest (``ray_tfrecord._src.core.manifest``: a dataset written
 to an object store), only the files the manifest lists are read: what a write in flight or killed put
 there is not. A directory read at its root also gets the listed files that its listing missed (committed
 after the listing), so a committed file is never skipped.
 
 A path that does not exist as written but holds a glob character is a Hadoop glob
-(:mod:`ray_tfrecord._src.io.globs`). It is walked from its base directory (the components before the
+(``ray_tfrecord._src.io.globs``). It is walked from its base directory (the components before the
 first wildcard), listing one level per wildcard component, only in directories that matched so
 far: on S3 a glob lists its prefix, never the bucket. A matched directory is read recursively,
 like a directory path. The glob's dataset root is its base directory less trailing
@@ -95,10 +95,10 @@ def list_files(
     partition_filter: PathPartitionFilter | None = None,
 ) -> Listing:
     """List the visible files under ``paths``: files, directories (read recursively) and
-    Hadoop globs (:mod:`ray_tfrecord._src.io.globs`). A file matched by several paths is listed once.
+    Hadoop globs (``ray_tfrecord._src.io.globs``). A file matched by several paths is listed once.
 
-    Raises :class:`TFRecordError` for a malformed glob; ``FileNotFoundError`` for a missing
-    path and :class:`TFRecordError` for a glob that matches no file, unless
+    Raises ``TFRecordError`` for a malformed glob; ``FileNotFoundError`` for a missing
+    path and ``TFRecordError`` for a glob that matches no file, unless
     ``ignore_missing_paths``; ``ValueError`` when no file is left to read.
     """
     given, fs = _resolve(paths, filesystem)

@@ -158,7 +158,7 @@ def pack_ranges(ranges: list[FileRange], target_bytes: int,
 
 
 def check_shuffle(shuffle: object) -> None:
-    """Raise ``ValueError`` unless ``shuffle`` is a value :func:`shuffle_files` takes."""
+    """Raise ``ValueError`` unless ``shuffle`` is a value ``shuffle_files`` takes."""
     if not (shuffle is None or shuffle == "files" or isinstance(shuffle, FileShuffleConfig)):
         raise ValueError(
             f"Invalid value for 'shuffle': {shuffle}. "

@@ -1,11 +1,11 @@
 """Jobs that cannot progress say so instead of waiting: a check of the cluster before a job starts
-(:func:`preflight`, with :func:`shrunk` for actors whose CPUs the caller left at their default) and
-a watchdog while it runs (:class:`Watchdog`).
+(``preflight``, with ``shrunk`` for actors whose CPUs the caller left at their default) and
+a watchdog while it runs (``Watchdog``).
 
 A Ray job waits without a word when its actors hold every CPU its tasks need: Ray keeps the tasks
 pending, and Ray Data at most logs that the job "may hang forever". The check adds up what the
 job's actors hold for its whole run plus one task and compares it with the cluster; the watchdog
-stops a running job once, for :func:`stall_timeout` seconds, no CPU was free for a task and none
+stops a running job once, for ``stall_timeout`` seconds, no CPU was free for a task and none
 was held by anything but the actors of the watched jobs.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from ray_tfrecord._src.core.errors import StallError
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat
 
 __all__ = ["CHECKPOINT_FILTER", "STALL_TIMEOUT_ENV", "TASK_CPUS", "Holder", "Watchdog", "checkpoint_holders",
@@ -32,7 +33,7 @@ __all__ = ["CHECKPOINT_FILTER", "STALL_TIMEOUT_ENV", "TASK_CPUS", "Holder", "Wat
 
 logger = logging.getLogger(__name__)
 
-#: The environment variable read when :func:`set_stall_timeout` was not called in the process (Ray
+#: The environment variable read when ``set_stall_timeout`` was not called in the process (Ray
 #: Train workers inherit it through ``env_vars=``): seconds, or ``off``.
 STALL_TIMEOUT_ENV = "RAY_TFRECORD_STALL_TIMEOUT_S"
 _DEFAULT_STALL_S = 120.0
@@ -43,9 +44,10 @@ TASK_CPUS = 1.0
 _EPS = 1e-9
 
 
+@public("ray_tfrecord")
 def set_stall_timeout(seconds: float | None) -> None:
     """How long a job may make no progress, with nothing of it running, before it fails with
-    :class:`StallError` (default 120 s, or ``RAY_TFRECORD_STALL_TIMEOUT_S``).
+    [`StallError`][ray_tfrecord.StallError] (default 120 s, or ``RAY_TFRECORD_STALL_TIMEOUT_S``).
 
     ``None`` marks the process's jobs as waiting for an autoscaling cluster: the check before a job
     logs a warning instead of refusing, and the watchdog is off.
@@ -58,7 +60,7 @@ def set_stall_timeout(seconds: float | None) -> None:
 
 
 def stall_timeout() -> float | None:
-    """The seconds :func:`set_stall_timeout` set, else ``RAY_TFRECORD_STALL_TIMEOUT_S``, else 120;
+    """The seconds ``set_stall_timeout`` set, else ``RAY_TFRECORD_STALL_TIMEOUT_S``, else 120;
     ``None``: waiting for autoscaling."""
     if _stall_s is not _UNSET:
         return float(_stall_s) if _stall_s is not None else None
@@ -136,7 +138,7 @@ def shrunk(job: str, holder: Holder, others: Sequence[Holder], *, keyword: str,
 def _cpu_fixes(holders: Sequence[Holder], have_cpus: float, task_cpus: float, fix: str | None,
                zero_ok: bool) -> list[str]:
     """The caller's keyword with the CPUs per actor of the first holder that fit (see
-    :func:`preflight`), where some do, and the cluster that fits them all."""
+    ``preflight``), where some do, and the cluster that fits them all."""
     fixes = []
     if fix is not None and holders:
         fitting = _fitting(have_cpus, holders[0], _cpus(holders[1:]), task_cpus)
@@ -148,7 +150,7 @@ def _cpu_fixes(holders: Sequence[Holder], have_cpus: float, task_cpus: float, fi
 
 def preflight(job: str, holders: Sequence[Holder], *, fix: str | None = None, zero_ok: bool = False,
               task_cpus: float = TASK_CPUS) -> None:
-    """Raise :class:`StallError` when the cluster cannot hold ``holders`` and one task of
+    """Raise ``StallError`` when the cluster cannot hold ``holders`` and one task of
     ``task_cpus`` at once, so that ``job`` would wait forever.
 
     ``fix`` is the caller's keyword that shrinks the first holder, with ``{cpus}`` for the CPUs per
@@ -188,8 +190,8 @@ _watching_lock = threading.Lock()
 
 
 class Watchdog:
-    """Fails the job run in its ``with`` block with :class:`StallError` when, for
-    :func:`stall_timeout` seconds, less than a task's CPUs were free and every CPU that was not
+    """Fails the job run in its ``with`` block with ``StallError`` when, for
+    ``stall_timeout`` seconds, less than a task's CPUs were free and every CPU that was not
     was held by the holders of the watched jobs: nothing else ran, so their tasks wait for them.
 
     The error is raised in the thread that entered the block, which must come back to Python now

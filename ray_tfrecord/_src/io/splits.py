@@ -198,12 +198,12 @@ def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[S
 
 
 def read_pieces(
-    plan: SplitPlan, pieces: Sequence[Weighted], *, blocks: Sequence[Sequence[int]], epoch: int, seed: int,
-    shuffle: bool, columns: Sequence[str], weight_column: str, seeds: bool = False,
+    plan: SplitPlan, pieces: Sequence[Weighted], *, blocks: Sequence[Sequence[int]], seed: int, epoch: int,
+    shuffle: bool, columns: Sequence[str], weight_column: str, with_seed_column: bool = False,
 ) -> Iterator[pa.Table]:
     """One table per piece of a block: its rows in the block's seeded order
     (:func:`~ray_tfrecord._src.io.order.row_order`), ``columns`` plus ``weight_column`` (float32, the
-    piece's weight) and with ``seeds`` :data:`~ray_tfrecord._src.io.order.SEED_COLUMN` (each row's
+    piece's weight) and with ``with_seed_column`` :data:`~ray_tfrecord._src.io.order.SEED_COLUMN` (each row's
     :func:`~ray_tfrecord._src.io.order.row_seeds`)."""
     fs = compat.unpickled_filesystem(plan.filesystem)
     available = plan.columns(include_paths=PATH_COLUMN in columns)
@@ -235,7 +235,7 @@ def read_pieces(
             table = table.combine_chunks().take(pa.array(at))
         table = table.append_column(pa.field(weight_column, pa.float32()),
                                     pa.array(np.full(hi - lo, weight, np.float32)))
-        if seeds:
+        if with_seed_column:
             split = np.repeat(np.asarray(members, np.int64), counts)
             record = np.arange(len(split)) - np.repeat(starts, counts)
             table = table.append_column(pa.field(SEED_COLUMN, pa.uint64()),
@@ -261,7 +261,7 @@ def _attached(partitions: dict[str, PartitionValues], split: Split, table: pa.Ta
     return table
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PieceReader:
     """The body of a resumable feed's Ray Data tasks (``map_batches``): rows of ``pieces`` (runs of
     ``[block, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
@@ -270,12 +270,13 @@ class PieceReader:
 
     plan: SplitPlan
     blocks: tuple[tuple[int, ...], ...]
-    epoch: int
     seed: int
+    epoch: int
     shuffle: bool
     columns: tuple[str, ...]
     weight_column: str
-    seeds: bool = False
+    #: Add each row's seed (``SEED_COLUMN``), which a transform or ``keep`` predicate reads.
+    with_seed_column: bool = False
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for group in batch.column("pieces").to_pylist():
@@ -284,9 +285,9 @@ class PieceReader:
     def read(self, group: Sequence[Sequence[float]]) -> Iterator[pa.Table]:
         """The rows of one group (``[block, lo, hi, weight]`` runs), a table per piece."""
         pieces = [((int(s), int(lo), int(hi)), w) for s, lo, hi, w in group]  # one Arrow type: doubles
-        yield from read_pieces(self.plan, pieces, blocks=self.blocks, epoch=self.epoch, seed=self.seed,
+        yield from read_pieces(self.plan, pieces, blocks=self.blocks, seed=self.seed, epoch=self.epoch,
                                shuffle=self.shuffle, columns=self.columns, weight_column=self.weight_column,
-                               seeds=self.seeds)
+                               with_seed_column=self.with_seed_column)
 
 
 def read_group(reader: PieceReader, group: Sequence[Sequence[float]]) -> pa.Table:

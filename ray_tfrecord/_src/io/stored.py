@@ -1,9 +1,9 @@
-"""A tuple that travels by object reference once it is large: :class:`StoredTuple`.
+"""A tuple that travels by object reference once it is large: ``StoredTuple``.
 
-A :class:`~ray_tfrecord._src.io.splits.SplitPlan` goes to every training worker in
+A ``SplitPlan`` goes to every training worker in
 ``train_loop_config`` and into every read task of every epoch; a plan of many thousands of splits
-pickled into each of those is megabytes each time. Its splits are a :class:`StoredTuple`: pickled
-while Ray runs, one of at least :data:`BY_REFERENCE_ITEMS` items is put into Ray's object store once
+pickled into each of those is megabytes each time. Its splits are a ``StoredTuple``: pickled
+while Ray runs, one of at least ``BY_REFERENCE_ITEMS`` items is put into Ray's object store once
 (by the first process that pickles it, normally the driver) and travels as the object reference;
 where it is unpickled it is fetched once per process (the last few are kept) and keeps that
 reference, so pickling it again there (a worker's read tasks) sends the reference, not a new copy.

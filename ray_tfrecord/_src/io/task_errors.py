@@ -1,9 +1,9 @@
 """Errors raised in Ray tasks, as the user should see them: a few lines naming the file,
 offset and column, not Ray's traceback around them.
 
-A task raises :func:`from_task` of its ``TFRecordError``; an entry point that reports errors
+A task raises ``from_task`` of its ``TFRecordError``; an entry point that reports errors
 itself (``write_tfrecords``, the CLI) takes the error back out of Ray's wrapper with
-:func:`task_cause`.
+``task_cause``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def task_cause(error: BaseException) -> TFRecordError | None:
 
 
 def fetched(refs: Any) -> Any:
-    """``ray.get(refs)``, a task's ``TFRecordError`` raised as itself (:func:`task_cause`): for
+    """``ray.get(refs)``, a task's ``TFRecordError`` raised as itself (``task_cause``): for
     callers that run their own tasks and hand the results on."""
     try:
         return ray.get(refs)

@@ -2,11 +2,11 @@
 
 The user's transform (a function, or a class whose instances Ray keeps on an actor pool) runs in
 the feed's Ray Data execution through ``map_batches``.  Each batch it receives carries
-:data:`~ray_tfrecord._src.io.order.SEED_COLUMN` (``uint64``, the row's seed, the same at every resume)
-and :data:`WEIGHT_COLUMN`; it may add, replace or drop other columns.  The position of a resumed
+``SEED_COLUMN`` (``uint64``, the row's seed, the same at every resume)
+and ``WEIGHT_COLUMN``; it may add, replace or drop other columns.  The position of a resumed
 epoch is arithmetic over rows, so a transform that changed the row count or order would shift every
-later row: :class:`FunctionTransform` and :class:`ClassTransform` check each batch and raise
-:class:`TransformError` instead.  Rows are dropped by weight: ``keep`` (a predicate over the
+later row: ``FunctionTransform`` and ``ClassTransform`` check each batch and raise
+``TransformError`` instead.  Rows are dropped by weight: ``keep`` (a predicate over the
 transform's output) sets the weight of the rows it rejects to 0, so every rank still runs the same
 steps.  This module imports no TensorFlow: it runs in Ray Data's workers.
 """
@@ -21,15 +21,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io.order import SEED_COLUMN
 
 __all__ = ["WEIGHT_COLUMN", "ClassTransform", "FunctionTransform", "TransformError", "describe"]
 
-#: The weight column of a resumable feed's batches: 1 for the epoch's rows, 0 for padding and for
-#: rows ``keep`` rejects.
 WEIGHT_COLUMN = "__weight__"
+"""The weight column of a [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed]'s batches: 1 for the epoch's rows,
+0 for padding and for rows ``keep`` rejects."""
 
 
+@public("ray_tfrecord")
 class TransformError(ValueError):
     """A resumable feed's transform broke the one-row-out-per-row-in contract."""
 

@@ -1,10 +1,10 @@
 """The file writers of one write task: rows to TFRecord files in a write's staging directory.
 
-A task's tables are checked (:meth:`WriteConfig.check_schema`), split by partition directory
-(:func:`~ray_tfrecord._src.io.partitioning.split_by_partitions`), encoded, and written through a
-:class:`~ray_tfrecord._src.core.framing.RecordWriter` per file, with an index sidecar per uncompressed
+A task's tables are checked (``WriteConfig.check_schema``), split by partition directory
+(``split_by_partitions``), encoded, and written through a
+``RecordWriter`` per file, with an index sidecar per uncompressed
 file. Files rotate by row count and size, and are named ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``
-or by the caller's ``FilenameProvider``. :mod:`ray_tfrecord._src.io.commit` then moves them into place.
+or by the caller's ``FilenameProvider``. ``ray_tfrecord._src.io.commit`` then moves them into place.
 On an object store they are written at their final keys instead, as ``part-<task>-<write id>-<n>``,
 and each file's index goes back to the driver for the manifest, not into a sidecar.
 """

@@ -1,10 +1,10 @@
 """Checkpoints of a Keras model inside a Ray Train training function.
 
-:class:`ReportCheckpoint` saves the model through ``ray.train.report``, after every epoch and,
+``ReportCheckpoint`` saves the model through ``ray.train.report``, after every epoch and,
 with ``every_n_steps=``, inside epochs too; given a
-:class:`~ray_tfrecord._src.tf.resume.ResumableFeed` it saves the feed's position with the weights.
-:func:`restore` loads the latest checkpoint back after a restart.  Both are also importable from
-:mod:`ray_tfrecord._src.tf.train`, next to the trainer they serve.
+``ResumableFeed`` it saves the feed's position with the weights.
+``restore`` loads the latest checkpoint back after a restart.  Both are also importable from
+``ray_tfrecord._src.tf.train``, next to the trainer they serve.
 """
 
 from __future__ import annotations
@@ -18,33 +18,36 @@ from typing import Any
 import ray.train
 import tf_keras
 
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.tf.resume import FEED_FILE, ResumableFeed
 
 __all__ = ["MODEL_FILE", "ReportCheckpoint", "restore"]
 
-#: The whole Keras model inside a checkpoint written by :class:`ReportCheckpoint`.
 MODEL_FILE = "model.keras"
+"""The whole Keras model inside a checkpoint written by [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint]
+unless ``keras_file=False``: its file name in the checkpoint's directory."""
 
 _WEIGHTS = "weights"
 _STATE = "state.json"
 
 
+@public("ray_tfrecord.tf")
 class ReportCheckpoint(tf_keras.callbacks.Callback):
     """Keras callback: checkpoint the model and ``ray.train.report``, after every epoch and, with
     ``every_n_steps``, after every ``every_n_steps``-th step of an epoch.
 
-    A checkpoint holds the weights with the optimizer state (what :func:`restore`
+    A checkpoint holds the weights with the optimizer state (what [`restore`][ray_tfrecord.tf.restore]
     resumes from) and, unless ``keras_file=False``, the whole model as
-    :data:`MODEL_FILE` for inference (``tf_keras.models.load_model`` or
-    :func:`ray_tfrecord._src.tf.inference.predict`).  Every rank saves, since
+    [`MODEL_FILE`][ray_tfrecord.tf.MODEL_FILE] for inference (``tf_keras.models.load_model`` or
+    [`predict`][ray_tfrecord.tf.predict]).  Every rank saves, since
     ``MultiWorkerMirroredStrategy`` wants all of them to take part, but only
     rank 0's copy is reported: the weights are mirrored.  The reported metrics
     are Keras's logs (the epoch's, or the running ones inside an epoch) plus ``epoch``
     (0-based) and, inside an epoch, ``step`` (Keras steps completed in it).
 
-    With ``feed`` (the :class:`~ray_tfrecord._src.tf.resume.ResumableFeed` that ``fit`` reads) the
+    With ``feed`` (the [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed] that ``fit`` reads) the
     checkpoint also holds the rows the group has trained on, the rows of completed steps, so that
-    :func:`restore` continues the epoch at the first row no rank has trained on.  Without one, a
+    [`restore`][ray_tfrecord.tf.restore] continues the epoch at the first row no rank has trained on.  Without one, a
     checkpoint inside an epoch resumes at that epoch's first row.  With a feed one ``fit`` trains
     the rest of a run after a restart: ``restore(model, feed)`` then ``model.fit(feed.dataset(),
     epochs=N, callbacks=[ReportCheckpoint(..., feed=feed)])``.  Each Keras epoch is then a whole
@@ -104,6 +107,7 @@ class ReportCheckpoint(tf_keras.callbacks.Callback):
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
+@public("ray_tfrecord.tf")
 def restore(model: tf_keras.Model, feed: ResumableFeed | None = None) -> int:
     """Load the latest reported checkpoint into ``model``; return the epoch to start at.
 

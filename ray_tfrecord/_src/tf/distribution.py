@@ -59,14 +59,14 @@ __all__ = ["Batches", "PerReplica", "check_partial_batches", "worker_group"]
 Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
 
 
-def check_partial_batches(*, drop_remainder: bool, steps_per_epoch: int | None) -> None:
+def check_partial_batches(*, drop_last: bool, steps_per_epoch: int | None) -> None:
     """Refuse a partial last batch when, inside a Ray Train run of several workers, ranks could
     then disagree on the step count (and hang synchronous training)."""
-    if not drop_remainder and steps_per_epoch is None and (world_size := worker_group()[1]) > 1:
+    if not drop_last and steps_per_epoch is None and (world_size := worker_group()[1]) > 1:
         raise ValueError(
-            f"drop_remainder=False on one of {world_size} workers would let ranks run "
+            f"tf_dataset(drop_last=False) on one of {world_size} workers would let ranks run "
             "different step counts and hang synchronous training; keep "
-            "drop_remainder=True or pass steps_per_epoch"
+            "drop_last=True or pass steps_per_epoch="
         )
 
 

@@ -27,85 +27,31 @@ Example::
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-import numpy as np
 import pyarrow as pa
 import tensorflow as tf
 from ray.data import DataIterator, Dataset
 
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, decode_records
-from ray_tfrecord._src.core.types import single_chunk
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import progress
-from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import PerReplica, check_partial_batches
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
-from ray_tfrecord._src.tf.tensors import ColumnPlan, Tensor, arrow_schema, as_tensor, column_plans
+from ray_tfrecord._src.tf.pipeline import Batching, table_batches
+from ray_tfrecord._src.tf.tensors import ColumnPlan, arrow_schema, column_plans
 
-__all__ = ["table_batches", "tf_dataset"]
-
-# How much to pull from Ray per generator call (see _Batching.fitting): up to this
-# many rows, and about this many bytes. Variable-length columns are guessed at _VAR_BYTES.
-_FETCH_ROWS = 4096
-_FETCH_BYTES = 16 << 20
-_VAR_BYTES = 64
-
-# Row size from which a dense component is not worth copying into a shared buffer (see _Packing):
-# one more array through from_generator costs about 36 us of CPU, copying 1 MiB (8,192 rows of 32
-# float32s) 0.5 ms warm and twice that from Ray's object store, so from 32 bytes a row (a
-# 4,096-row fetch: 128 KiB) a component travels alone.  At 256, a resumable feed's float32 weight
-# dragged a 32-float column through a copy per fetch (make bench, resume section: 7% of a rank).
-_ALONE_ROW_BYTES = 32
-
-# tf_dataset's names before 0.2 -> (place, Ray to_tf's name for the same argument, its default).
-_RENAMED: renames.Table = {**renames.COLUMNS, "drop_remainder": (2, "drop_last", True),
-                           "ray_prefetch_batches": (3, "prefetch_batches", 2)}
-
-
-def _row_bytes(plan: ColumnPlan) -> int:
-    """Bytes one row of ``plan``'s column takes: exact for dense numeric tensors, a guess otherwise."""
-    if plan.ragged_rank or plan.dtype == tf.string:
-        return _VAR_BYTES
-    return int(np.prod(plan.inner_shape)) * plan.dtype.size
-
-
-@dataclass(frozen=True)
-class _Batching:
-    """Rows per element (``batch_size``) and per trip through ``from_generator``.
-
-    ``from_generator`` has a fixed cost per element, so several batches travel
-    together (``fetch_rows``, a multiple of ``batch_size``) and the graph slices
-    them apart again.
-    """
-
-    batch_size: int
-    fetch_rows: int
-
-    @classmethod
-    def fitting(cls, plans: Iterable[ColumnPlan], batch_size: int, shuffle_buffer: int | None) -> _Batching:
-        """Fetches of about ``_FETCH_BYTES``, within Ray's local shuffle buffer, which
-        cannot hand out more rows than it holds."""
-        rows = min(_FETCH_ROWS, _FETCH_BYTES // max(sum(_row_bytes(p) for p in plans), 1))
-        if shuffle_buffer is not None:
-            rows = min(rows, shuffle_buffer)
-        return cls(batch_size, max(batch_size, rows - rows % batch_size))
-
-    def batches_in(self, rows: int, *, drop_remainder: bool) -> int:
-        """Batches a fetch of ``rows`` makes: the full ones, plus the tail if kept."""
-        full, tail = divmod(rows, self.batch_size)
-        return full + (1 if tail and not drop_remainder else 0)
-
+__all__ = ["tf_dataset"]
 
 @dataclass(frozen=True)
 class _Fetches:
     """One epoch of Arrow tables from Ray per iteration, each cut to whole batches."""
 
     iterator: DataIterator
-    batching: _Batching
-    drop_remainder: bool
+    batching: Batching
+    drop_last: bool
     steps_per_epoch: int | None
     iter_options: Mapping[str, Any]
 
@@ -120,7 +66,7 @@ class _Fetches:
         try:
             for table in stream:
                 # Only the last fetch of an epoch can be short.
-                count = self.batching.batches_in(table.num_rows, drop_remainder=self.drop_remainder)
+                count = self.batching.batches_in(table.num_rows, drop_last=self.drop_last)
                 if self.steps_per_epoch is not None:
                     count = min(count, self.steps_per_epoch - produced)
                 if count == 0:
@@ -152,88 +98,6 @@ class _Decoding:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return pa.Table.from_batches([decode_records(table, self.schema)])
-
-
-class _Packing:
-    """Carries a fetch's arrays through ``from_generator`` as few buffers.
-
-    ``from_generator`` pays a fixed cost for every array it converts, which for
-    a 25-column batch outweighs copying the data, so the narrow components
-    (leaf values and row splits of every column) are concatenated per dtype on
-    the Python side and split apart again inside the ``tf.data`` graph.  A wide
-    dense component (an image's pixels) travels alone: copying it would cost
-    more than the conversion it saves.
-    """
-
-    def __init__(self, plans: Mapping[str, ColumnPlan]) -> None:
-        self.plans = plans
-        components = [spec for plan in plans.values() for spec in plan.component_specs]
-        self.inner_shapes = [shape for shape, _ in components]
-        # Tagged keys: a DType compares equal to its enum number, so a bare index could join a dtype's group.
-        groups = [
-            ("alone", i) if int(np.prod(shape)) * dtype.size >= _ALONE_ROW_BYTES else ("dtype", dtype)
-            for i, (shape, dtype) in enumerate(components)
-        ]
-        keys = list(dict.fromkeys(groups))
-        self.members = [[i for i, g in enumerate(groups) if g == key] for key in keys]
-        self.dtypes = [components[m[0]][1] for m in self.members]
-
-    def signature(self) -> tuple[tf.TensorSpec, ...]:
-        buffers = tuple(tf.TensorSpec((None,), d) for d in self.dtypes)
-        return (*buffers, tf.TensorSpec((len(self.inner_shapes),), tf.int64))
-
-    def pack(self, table: pa.Table) -> tuple[np.ndarray, ...]:
-        components: list[np.ndarray] = []
-        for name, plan in self.plans.items():
-            values, splits = plan.convert(single_chunk(table.column(name)))
-            components.append(values)
-            components.extend(splits)
-        lengths = np.fromiter((c.size for c in components), np.int64, len(components))
-        buffers = []
-        for members in self.members:
-            flat = [components[i].reshape(-1) for i in members]
-            buffers.append(flat[0] if len(flat) == 1 else np.concatenate(flat))
-        return (*buffers, lengths)
-
-    @tf.autograph.experimental.do_not_convert
-    def unpack(self, *tensors: tf.Tensor) -> dict[str, Tensor]:
-        *buffers, lengths = tensors
-        components: list[tf.Tensor] = [None] * len(self.inner_shapes)  # type: ignore[list-item]
-        for buffer, members in zip(buffers, self.members, strict=True):
-            pieces = [buffer] if len(members) == 1 else tf.split(buffer, tf.gather(lengths, members), num=len(members))
-            for i, piece in zip(members, pieces, strict=True):
-                components[i] = tf.reshape(piece, (-1, *self.inner_shapes[i]))
-        out, i = {}, 0
-        for name, plan in self.plans.items():
-            out[name] = as_tensor(components[i], components[i + 1 : i + 1 + plan.ragged_rank])
-            i += 1 + plan.ragged_rank
-        return out
-
-
-@tf.autograph.experimental.do_not_convert
-def _split_batches(tensors: dict[str, Tensor], batch_size: int) -> tf.data.Dataset:
-    """A fetch's tensors as a dataset of ``batch_size``-row slices."""
-    first = next(iter(tensors.values()))
-    rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first, out_type=tf.int64)[0]
-    starts = tf.data.Dataset.range(0, rows, batch_size)
-    return starts.map(lambda s: {n: t[s : s + batch_size] for n, t in tensors.items()})
-
-
-@tf.autograph.experimental.do_not_convert
-def _model_inputs(
-    tensors: dict[str, Tensor], features: str | Sequence[str], label: str | Sequence[str] | None, weight: str | None
-) -> Any:
-    """``features``, ``(features, label)`` or ``(features, label, weight)``, each one tensor (one name)
-    or a dict."""
-    x = _pick(tensors, features)
-    if label is None:
-        return x
-    y = _pick(tensors, label)
-    return (x, y) if weight is None else (x, y, tensors[weight])
-
-
-def _pick(tensors: dict[str, Tensor], columns: str | Sequence[str]) -> Tensor | dict[str, Tensor]:
-    return tensors[columns] if isinstance(columns, str) else {n: tensors[n] for n in columns}
 
 
 def _names(columns: str | Sequence[str] | None) -> list[str]:
@@ -270,17 +134,6 @@ def _plans(
     return plans, _Decoding(pa.schema([record_schema.field(c) for c in plans]))
 
 
-def _options() -> tf.data.Options:
-    options = tf.data.Options()
-    # Ray already gave this worker its own shard; TF must not shard it again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # With autotuning on, an epoch's end often waits for the autotuner's next wake-up, whose
-    # period doubles from 10 ms (epochs of 2.56 s or 5.12 s exactly, in Ray Train and alone); the
-    # AUTOTUNE knobs then take TensorFlow's static defaults, at the same throughput.
-    options.autotune.enabled = False
-    return options
-
-
 @dataclass(frozen=True)
 class _Feed:
     """One ``tf_dataset`` call's settings, checked: what it reads, how it converts and batches.
@@ -292,97 +145,61 @@ class _Feed:
     iterator: DataIterator
     plans: Mapping[str, ColumnPlan]
     decoding: _Decoding | None
-    features: str | Sequence[str]
-    label: str | Sequence[str] | None
-    drop_remainder: bool
+    feature_columns: str | Sequence[str]
+    label_columns: str | Sequence[str] | None
+    drop_last: bool
     cache: bool
-    shuffle_buffer: int | None
-    shuffle_seed: int | None
-    ray_prefetch: int
+    local_shuffle_buffer_size: int | None
+    local_shuffle_seed: int | None
+    prefetch_batches: int
     tf_prefetch: int
 
     def batches(self, batch_size: int, steps: int | None) -> tf.data.Dataset:
         """Elements of ``batch_size`` rows, ``steps`` of them an epoch (None: as many as the data gives)."""
+        # Within Ray's local shuffle buffer, which cannot hand out more rows than it holds.
+        batching = Batching.fitting(self.plans.values(), batch_size, self.local_shuffle_buffer_size)
         iter_options = {
-            "prefetch_batches": self.ray_prefetch,
-            "local_shuffle_buffer_size": self.shuffle_buffer,
-            "local_shuffle_seed": self.shuffle_seed,
+            "prefetch_batches": self.prefetch_batches,
+            "local_shuffle_buffer_size": self.local_shuffle_buffer_size,
+            "local_shuffle_seed": self.local_shuffle_seed,
         }
 
-        def tables(fetch_rows: int) -> Iterable[pa.Table]:
-            fetches = _Fetches(self.iterator, _Batching(batch_size, fetch_rows), self.drop_remainder, steps,
-                               iter_options)
+        def tables() -> Iterable[pa.Table]:
+            fetches = _Fetches(self.iterator, batching, self.drop_last, steps, iter_options)
             return fetches if self.decoding is None else map(self.decoding, fetches)
 
-        return table_batches(tables, self.plans, features=self.features, label=self.label, batch_size=batch_size,
-                             fetch_cap=self.shuffle_buffer, tf_prefetch=self.tf_prefetch, cache=self.cache,
+        return table_batches(tables, self.plans, batching, feature_columns=self.feature_columns,
+                             label_columns=self.label_columns, tf_prefetch=self.tf_prefetch, cache=self.cache,
                              steps=steps)
-
-
-def table_batches(
-    tables: Callable[[int], Iterable[pa.Table]],
-    plans: Mapping[str, ColumnPlan],
-    *,
-    features: str | Sequence[str],
-    label: str | Sequence[str] | None,
-    batch_size: int,
-    weight: str | None = None,
-    fetch_cap: int | None = None,
-    tf_prefetch: int = tf.data.AUTOTUNE,
-    cache: bool = False,
-    steps: int | None = None,
-    fetch_rows: int | None = None,
-) -> tf.data.Dataset:
-    """The ``tf.data`` pipeline of every feed: ``tables(fetch_rows)`` gives one epoch of Arrow tables
-    (each a whole number of ``batch_size``-row batches, ``fetch_rows`` rows or fewer) per call;
-    their columns become tensors as ``plans`` say, in elements of ``batch_size`` rows:
-    ``features``, ``(features, label)``, or with ``weight`` (a column name)
-    ``(features, label, weight)``, Keras's sample weights.  ``fetch_cap`` bounds the rows per table
-    (a shuffle buffer cannot hand out more than it holds); ``fetch_rows`` sets the rows per table
-    (a multiple of ``batch_size``) where the tables were asked for before ``plans`` were known."""
-    batching = (_Batching(batch_size, fetch_rows) if fetch_rows is not None
-                else _Batching.fitting(plans.values(), batch_size, fetch_cap))
-    packing = _Packing(plans)
-    dataset = tf.data.Dataset.from_generator(
-        lambda: map(packing.pack, tables(batching.fetch_rows)), output_signature=packing.signature()
-    )
-    dataset = dataset.map(packing.unpack, num_parallel_calls=tf.data.AUTOTUNE)
-    if batching.fetch_rows > batching.batch_size:
-        dataset = dataset.flat_map(functools.partial(_split_batches, batch_size=batching.batch_size))
-    dataset = dataset.map(functools.partial(_model_inputs, features=features, label=label, weight=weight))
-    if steps is not None:
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
-    if cache:
-        dataset = dataset.cache()
-    return dataset.prefetch(tf_prefetch).with_options(_options())
 
 
 @overload
 def tf_dataset(
-    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str] | None = None,
+    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str],
     label_columns: str | Sequence[str] | None = None, batch_size: int, drop_last: bool = True,
     steps_per_epoch: int | None = None, defaults: Mapping[str, Any] | None = None,
     record_schema: pa.Schema | None = None, cache: bool = False, local_shuffle_buffer_size: int | None = None,
     local_shuffle_seed: int | None = None,
-    prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: None = None, **renamed: Any,
+    prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: None = None,
 ) -> tf.data.Dataset: ...
 
 
 @overload
 def tf_dataset(
-    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str] | None = None,
+    source: DataIterator | Dataset, *, feature_columns: str | Sequence[str],
     label_columns: str | Sequence[str] | None = None, batch_size: int, drop_last: bool = True,
     steps_per_epoch: int | None = None, defaults: Mapping[str, Any] | None = None,
     record_schema: pa.Schema | None = None, cache: bool = False, local_shuffle_buffer_size: int | None = None,
     local_shuffle_seed: int | None = None,
-    prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: tf.distribute.Strategy, **renamed: Any,
+    prefetch_batches: int = 2, tf_prefetch: int = tf.data.AUTOTUNE, strategy: tf.distribute.Strategy,
 ) -> tf.distribute.DistributedDataset: ...
 
 
+@public("ray_tfrecord.tf")
 def tf_dataset(
     source: DataIterator | Dataset,
     *,
-    feature_columns: str | Sequence[str] | None = None,
+    feature_columns: str | Sequence[str],
     label_columns: str | Sequence[str] | None = None,
     batch_size: int,
     drop_last: bool = True,
@@ -395,12 +212,10 @@ def tf_dataset(
     prefetch_batches: int = 2,
     tf_prefetch: int = tf.data.AUTOTUNE,
     strategy: tf.distribute.Strategy | None = None,
-    **renamed: Any,
 ) -> tf.data.Dataset | tf.distribute.DistributedDataset:
     """A ``tf.data.Dataset`` of batches streamed from a Ray ``DataIterator`` or ``Dataset``.
 
-    Arguments ``DataIterator.to_tf`` also has carry its names; the old ``features``, ``label``,
-    ``drop_remainder`` and ``ray_prefetch_batches`` work until 0.2, with a ``FutureWarning``.
+    Arguments ``DataIterator.to_tf`` also has carry its names.
 
     Args:
         source: What ``ray.train.get_dataset_shard`` returns inside a training
@@ -461,17 +276,13 @@ def tf_dataset(
         ``strategy``, a ``tf.distribute.DistributedDataset`` of the same
         elements, cut per replica, that repeats epoch after epoch.
     """
-    feature_columns, label_columns, drop_last, prefetch_batches = renames.renamed(
-        "tf_dataset", _RENAMED, renamed, (feature_columns, label_columns, drop_last, prefetch_batches))
-    if feature_columns is None:
-        raise TypeError("tf_dataset() needs feature_columns=, the column(s) of the model's input")
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if steps_per_epoch is not None and steps_per_epoch <= 0:
         raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
     per_replica = None if strategy is None else PerReplica.checked(strategy, batch_size, steps_per_epoch)
     if per_replica is None:
-        check_partial_batches(drop_remainder=drop_last, steps_per_epoch=steps_per_epoch)
+        check_partial_batches(drop_last=drop_last, steps_per_epoch=steps_per_epoch)
     feature_names, label_names = _names(feature_columns), _names(label_columns)
     if not feature_names:
         raise ValueError("feature_columns must name at least one column")
@@ -481,9 +292,10 @@ def tf_dataset(
     iterator = source.iterator() if isinstance(source, Dataset) else source
     plans, decoding = _plans(iterator, feature_names + label_names, defaults, record_schema)
     feed = _Feed(
-        iterator=iterator, plans=plans, decoding=decoding, features=feature_columns, label=label_columns,
-        drop_remainder=drop_last, cache=cache, shuffle_buffer=local_shuffle_buffer_size,
-        shuffle_seed=local_shuffle_seed, ray_prefetch=prefetch_batches, tf_prefetch=tf_prefetch,
+        iterator=iterator, plans=plans, decoding=decoding, feature_columns=feature_columns,
+        label_columns=label_columns, drop_last=drop_last, cache=cache,
+        local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+        prefetch_batches=prefetch_batches, tf_prefetch=tf_prefetch,
     )
     if per_replica is None:
         return feed.batches(batch_size, steps_per_epoch)

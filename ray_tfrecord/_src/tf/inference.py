@@ -34,9 +34,9 @@ import ray
 from ray.data import Dataset
 
 from ray_tfrecord._src.core import options
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.io.datasink import SaveMode, write_tfrecords
-from ray_tfrecord._src.tf import renames
 
 __all__ = ["inference", "predict"]
 
@@ -86,7 +86,7 @@ class _Predictor:
     def __init__(
         self,
         model_path: str,
-        features: str | Sequence[str],
+        feature_columns: str | Sequence[str],
         key_columns: Sequence[str],
         output_column: str,
         defaults: Mapping[str, Any] | None,
@@ -97,7 +97,7 @@ class _Predictor:
 
         self._to_tensors = tensors_from_arrow
         self._defaults = defaults
-        self._features = features
+        self._feature_columns = feature_columns
         self._key_columns = list(key_columns)
         self._output_column = output_column
         keras = _keras_generation(model_path)
@@ -131,9 +131,10 @@ class _Predictor:
             self._call = call
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        names = [self._features] if isinstance(self._features, str) else list(self._features)
+        columns = self._feature_columns
+        names = [columns] if isinstance(columns, str) else list(columns)
         tensors = self._to_tensors(batch, names, defaults=self._defaults)
-        inputs = tensors[self._features] if isinstance(self._features, str) else tensors
+        inputs = tensors[columns] if isinstance(columns, str) else tensors
         outputs = np.asarray(self._call(inputs))
         if len(outputs) != batch.num_rows:
             raise ValueError(f"model returned {len(outputs)} rows for a batch of {batch.num_rows}")
@@ -141,11 +142,12 @@ class _Predictor:
         return keys.append_column(self._output_column, _prediction_column(outputs))
 
 
+@public("ray_tfrecord.tf")
 def predict(
     ds: Dataset,
     model_path: str | os.PathLike[str],
     *,
-    feature_columns: str | Sequence[str] | None = None,
+    feature_columns: str | Sequence[str],
     key_columns: Sequence[str],
     output_column: str = "prediction",
     defaults: Mapping[str, Any] | None = None,
@@ -153,7 +155,6 @@ def predict(
     concurrency: int = 1,
     num_cpus: float | None = None,
     num_gpus: float = 0.0,
-    **renamed: Any,
 ) -> Dataset:
     """Apply a saved model to every row of ``ds``; one output row per input row.
 
@@ -188,12 +189,11 @@ def predict(
     Returns:
         A lazy dataset with ``key_columns`` and ``output_column``.
     """
-    features = _features("predict", feature_columns, renamed)
     if not key_columns:
         raise ValueError("key_columns must name at least one column to key the predictions by")
     if output_column in key_columns:
         raise ValueError(f"output_column {output_column!r} clashes with a key column")
-    _check_defaults(ds, features, defaults)
+    _check_defaults(ds, feature_columns, defaults)
     others = progress.checkpoint_holders(ds.context)
     predictors = _predictors("predict", concurrency, num_cpus, num_gpus, others)
     progress.preflight("predict", [predictors, *others], fix="predict(num_cpus={cpus})", zero_ok=True)
@@ -201,7 +201,7 @@ def predict(
         _Predictor,
         fn_constructor_kwargs={
             "model_path": os.fspath(model_path),
-            "features": features,
+            "feature_columns": feature_columns,
             "key_columns": list(key_columns),
             "output_column": output_column,
             "defaults": dict(defaults or {}),
@@ -223,15 +223,7 @@ def _predictors(job: str, concurrency: int, num_cpus: float | None, num_gpus: fl
     return holder if num_cpus is not None else progress.shrunk(job, holder, others, keyword="num_cpus")
 
 
-def _features(function: str, feature_columns: Any, renamed: Mapping[str, Any]) -> Any:
-    """``feature_columns``, or the pre-0.2 ``features=`` (with a ``FutureWarning``)."""
-    (features,) = renames.renamed(function, renames.FEATURES, renamed, (feature_columns,), stacklevel=4)
-    if features is None:
-        raise TypeError(f"{function}() needs feature_columns=, the column(s) of the model's input")
-    return features
-
-
-def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
+def _check_defaults(ds: Dataset, feature_columns: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
     """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
     if not defaults:
         return
@@ -240,15 +232,16 @@ def _check_defaults(ds: Dataset, features: str | Sequence[str], defaults: Mappin
     schema = arrow_schema(ds.schema(fetch_if_missing=False))
     if schema is None:
         return
-    column_plans(schema, [features] if isinstance(features, str) else list(features), defaults)
+    column_plans(schema, [feature_columns] if isinstance(feature_columns, str) else list(feature_columns), defaults)
 
 
+@public("ray_tfrecord.tf")
 def inference(
     ds: Dataset,
     model_path: str | os.PathLike[str],
     output_path: str | os.PathLike[str],
     *,
-    feature_columns: str | Sequence[str] | None = None,
+    feature_columns: str | Sequence[str],
     key_columns: Sequence[str],
     output_format: Literal["tfrecord", "parquet"] = "tfrecord",
     mode: options.Mode = "error",
@@ -260,7 +253,6 @@ def inference(
     num_gpus: float = 0.0,
     checkpoint_path: str | os.PathLike[str] | None = None,
     min_rows_per_file: int | None = None,
-    **renamed: Any,
 ) -> None:
     """Run :func:`predict` and write the keyed predictions to ``output_path``.
 
@@ -284,7 +276,6 @@ def inference(
     task: a small job is a single task, recorded only when it ends) and ``"parquet"`` writes a file
     per block of predictions, as Ray's writers do.
     """
-    features = _features("inference", feature_columns, renamed)
     mode = options.mode(mode)
     if output_format not in ("tfrecord", "parquet"):
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
@@ -303,7 +294,7 @@ def inference(
     out = predict(
         ds,
         model_path,
-        feature_columns=features,
+        feature_columns=feature_columns,
         key_columns=key_columns,
         output_column=output_column,
         defaults=defaults,

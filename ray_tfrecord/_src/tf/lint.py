@@ -1,8 +1,8 @@
 """Warnings, before training starts, about dataset columns Keras will refuse once it traces the model.
 
-:func:`warn_constant_length_lists` runs on the driver in
-:func:`~ray_tfrecord._src.tf.train.tensorflow_trainer` and in
-:func:`~ray_tfrecord._src.tf.feed.tf_dataset` when it is given a whole ``Dataset``.
+``warn_constant_length_lists`` runs on the driver in
+``tensorflow_trainer`` and in
+``tf_dataset`` when it is given a whole ``Dataset``.
 """
 
 from __future__ import annotations

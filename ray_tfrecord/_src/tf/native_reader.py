@@ -1,10 +1,10 @@
-"""TensorFlow reading a dataset itself: :func:`tfrecord_dataset`, TensorFlowOnSpark's ``InputMode.TENSORFLOW``.
+"""TensorFlow reading a dataset itself: ``tfrecord_dataset``, TensorFlowOnSpark's ``InputMode.TENSORFLOW``.
 
 The pipeline is TensorFlow ops only (``TFRecordDatasetV2`` with byte offsets, ``skip``/``take``,
 ``batch``, ``parse_example``, ``cast``): no Ray and no Python per record when it runs, so it serves a
 parameter-server worker's ``create_per_worker_dataset``, a TPU host, or any TensorFlow job started
 outside Ray.  The parse spec comes from the schema the plan carries (the one the writer recorded),
-through the same column plans as :func:`~ray_tfrecord._src.tf.feed.tf_dataset`, so the elements have
+through the same column plans as ``tf_dataset``, so the elements have
 the same ``element_spec``: a scalar or ``fixed_size_list`` column is a dense tensor of its Arrow type,
 a ``list`` a ``tf.RaggedTensor`` with int64 row splits, a partition column a constant of its file.
 
@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from ray_tfrecord._src.core.errors import SchemaError
 from ray_tfrecord._src.core.framing import detect_compression
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat
 from ray_tfrecord._src.io.splits import SplitPlan, plan_splits
 from ray_tfrecord._src.tf.tensors import ColumnPlan, column_plans
@@ -171,6 +172,7 @@ def _shard(shard: tuple[int | tf.Tensor, int] | tf.distribute.InputContext | Non
     return index, count, batch_size
 
 
+@public("ray_tfrecord.tf")
 def tfrecord_dataset(
     source: SplitPlan | str | Sequence[str],
     *,
@@ -187,12 +189,12 @@ def tfrecord_dataset(
     """A ``tf.data.Dataset`` that reads a dataset's TFRecord files with TensorFlow's own ops: no Ray,
     no Python per record.
 
-    Its elements are those :func:`~ray_tfrecord._src.tf.feed.tf_dataset` yields for the same columns
+    Its elements are those [`tf_dataset`][ray_tfrecord.tf.tf_dataset] yields for the same columns
     (``features``, or ``(features, label)``; one name a tensor, several a dict), with the same
     ``element_spec``; its cardinality is known.
 
     Args:
-        source: A :class:`~ray_tfrecord._src.io.splits.SplitPlan` (``plan_splits``), or paths to plan
+        source: A [`SplitPlan`][ray_tfrecord.tf.SplitPlan] ([`plan_splits`][ray_tfrecord.tf.plan_splits]), or paths to plan
             here.  Example records; the parse spec is the plan's schema.
         feature_columns: The model's input column(s), record or partition columns.
         label_columns: Label column(s); ``None`` yields features only.

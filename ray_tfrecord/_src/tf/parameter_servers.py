@@ -1,16 +1,16 @@
-"""A parameter-server cluster on Ray: :func:`ps_trainer`, TensorFlowOnSpark's ``TFCluster.run(...,
+"""A parameter-server cluster on Ray: ``ps_trainer``, TensorFlowOnSpark's ``TFCluster.run(...,
 num_ps=N)``.
 
 Ray Train's ``TensorflowTrainer`` writes a ``TF_CONFIG`` with workers only
 (``MultiWorkerMirroredStrategy``), so this is a sibling of
-:func:`~ray_tfrecord._src.tf.train.tensorflow_trainer`, not an option of it: there is no Ray Train worker
+``tensorflow_trainer``, not an option of it: there is no Ray Train worker
 group and no Ray dataset.  Every TensorFlow process is a Ray actor: ``num_ps`` parameter servers
 (spread over the nodes) and ``num_workers`` workers, each reserving a free port and then running
 ``tf.distribute.Server`` until it is stopped, and a chief that runs the training function with a
 ``TF_CONFIG`` naming the ``chief``, ``worker`` and ``ps`` tasks.  The function builds
 ``ParameterServerStrategy`` from it (``TFConfigClusterResolver``) and trains with tf-keras ``fit`` or a
 ``ClusterCoordinator`` loop; the workers run the graphs the coordinator sends them, so they read data
-with :func:`~ray_tfrecord._src.tf.native_reader.tfrecord_dataset`, not from Ray.
+with ``tfrecord_dataset``, not from Ray.
 
 Failures: the driver waits on every actor.  A worker that stops is started again on its node at its
 address, where TensorFlow's coordinator, which has put its steps back in the queue for the other
@@ -47,6 +47,7 @@ from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_tfrecord._src.core.errors import StallError
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import progress
 
 __all__ = ["CHECKPOINT_DIR_ENV", "ClusterFailedError", "PSResult", "PSTrainer", "ps_checkpoint_dir", "ps_trainer"]
@@ -64,14 +65,16 @@ _DEFAULT_STORAGE = "~/ray_results"
 _PORT_WAIT_S = 30.0
 
 
+@public("ray_tfrecord.tf")
 class ClusterFailedError(RuntimeError):
     """A ``ps_trainer`` run failed more times than ``max_failures`` allows: a parameter server or the chief
     stopped, or the training function raised (the ``__cause__``)."""
 
 
+@public("ray_tfrecord.tf")
 def ps_checkpoint_dir() -> str:
     """The run's checkpoint directory, ``<storage_path>/<name>/checkpoints``, inside the training function
-    of :func:`ps_trainer`: where ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` keeps what a
+    of [`ps_trainer`][ray_tfrecord.tf.ps_trainer]: where ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` keeps what a
     restarted cluster resumes from."""
     path = os.environ.get(CHECKPOINT_DIR_ENV)
     if not path:
@@ -82,7 +85,7 @@ def ps_checkpoint_dir() -> str:
 
 @dataclass(frozen=True)
 class PSResult:
-    """What :meth:`PSTrainer.fit` returns: ``metrics``, the training function's return value (its last
+    """What ``PSTrainer.fit`` returns: ``metrics``, the training function's return value (its last
     run's); ``path``, the run's directory; ``checkpoint_dir``, where its checkpoints are; ``failures``, how
     many times the cluster was started again."""
 
@@ -92,6 +95,7 @@ class PSResult:
     failures: int
 
 
+@public("ray_tfrecord.tf")
 def ps_trainer(
     train_loop: Callable[..., Any],
     *,
@@ -112,7 +116,7 @@ def ps_trainer(
         train_loop: Runs once, on the chief, with ``train_loop_config`` (if it takes an argument), its
             ``TF_CONFIG`` set: build ``tf.distribute.experimental.ParameterServerStrategy(
             tf.distribute.cluster_resolver.TFConfigClusterResolver())`` and train (tf-keras ``fit`` or a
-            ``ClusterCoordinator`` loop), restoring from :func:`ps_checkpoint_dir`.  Its return value
+            ``ClusterCoordinator`` loop), restoring from [`ps_checkpoint_dir`][ray_tfrecord.tf.ps_checkpoint_dir].  Its return value
             (picklable) is the result's ``metrics``.
         num_workers: Worker tasks: each runs the steps the coordinator sends it, on its own data.
         num_ps: Parameter servers, which hold the variables; spread over the nodes.
@@ -170,7 +174,7 @@ class _Sizes:
 
 
 class PSTrainer:
-    """A parameter-server run that :func:`ps_trainer` set up; :meth:`fit` runs it."""
+    """A parameter-server run that ``ps_trainer`` set up; ``fit`` runs it."""
 
     def __init__(self, train_loop: Callable[..., Any], config: dict[str, Any], sizes: _Sizes, run_dir: str,
                  max_failures: int, env: dict[str, str]) -> None:
@@ -275,7 +279,7 @@ class _Cluster:
         self._nodes: list[str] = []
 
     def _within_timeout(self, refs: list[Any], what: str) -> list[Any]:
-        """``ray.get(refs)``, or :class:`StallError` once, for the stall timeout, none of them came back
+        """``ray.get(refs)``, or ``StallError`` once, for the stall timeout, none of them came back
         and less than a task's CPUs were free: then other jobs hold the CPUs they wait for. Actors that
         were placed but start slowly (TensorFlow's import on a busy node) are waited for."""
         seconds = progress.stall_timeout()

@@ -31,6 +31,7 @@ drops them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -45,14 +46,14 @@ import ray
 import ray.train
 import tensorflow as tf
 
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import progress
 from ray_tfrecord._src.io.order import SEED_COLUMN, Assignment, Position, assign, mix_blocks
 from ray_tfrecord._src.io.splits import PieceReader, SplitPlan, group_pieces, read_group
 from ray_tfrecord._src.io.task_errors import fetched
 from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN, ClassTransform, FunctionTransform, TransformError, describe
-from ray_tfrecord._src.tf import renames
 from ray_tfrecord._src.tf.distribution import worker_group
-from ray_tfrecord._src.tf.feed import table_batches
+from ray_tfrecord._src.tf.pipeline import Batching, table_batches
 from ray_tfrecord._src.tf.tensors import column_plans
 
 __all__ = ["FEED_FILE", "SEED_COLUMN", "WEIGHT_COLUMN", "ResumableFeed", "TransformError"]
@@ -64,6 +65,7 @@ FEED_FILE = "feed.json"
 _OWN_OPTIONS = ("fn", "fn_args", "fn_kwargs", "fn_constructor_args")
 
 
+@public("ray_tfrecord.tf")
 class ResumableFeed:
     """This rank's batches of a :class:`~ray_tfrecord._src.io.splits.SplitPlan`, epoch after epoch,
     resumable at any completed step.
@@ -72,8 +74,7 @@ class ResumableFeed:
         plan: The dataset's splits (:func:`~ray_tfrecord._src.io.splits.plan_splits`, on the driver; the
             plan travels in ``train_loop_config``).  Every rank must get the same plan.
         feature_columns, label_columns: Column names, as for :func:`~ray_tfrecord._src.tf.feed.tf_dataset`;
-            a label is needed since elements carry sample weights. ``features=`` and ``label=`` work
-            until 0.2, with a ``FutureWarning``.
+            a label is needed since elements carry sample weights.
         batch_size: Rows per element from this rank (the global batch under
             ``MultiWorkerMirroredStrategy``, as for ``tf_dataset``).
         seed: Fixes every epoch's order: the same seed gives each rank the same rows in the same order.
@@ -103,23 +104,19 @@ class ResumableFeed:
     """
 
     def __init__(
-        self, plan: SplitPlan, *, feature_columns: str | Sequence[str] | None = None,
-        label_columns: str | Sequence[str] | None = None, batch_size: int,
+        self, plan: SplitPlan, *, feature_columns: str | Sequence[str], label_columns: str | Sequence[str],
+        batch_size: int,
         seed: int = 0, shuffle: bool = True, defaults: Mapping[str, Any] | None = None, rank: int | None = None,
         world_size: int | None = None, tf_prefetch: int = tf.data.AUTOTUNE, mix: int = 16,
         transform: Any = None, transform_options: Mapping[str, Any] | None = None, keep: Any = None,
-        include_paths: bool = False, **renamed: Any,
+        include_paths: bool = False,
     ) -> None:
-        features, label = renames.renamed("ResumableFeed", renames.COLUMNS, renamed, (feature_columns, label_columns))
-        if features is None or label is None:
-            raise TypeError("ResumableFeed() needs feature_columns= and label_columns= (elements carry a sample "
-                            "weight, so a label is needed)")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if plan.rows == 0:
             raise ValueError("the plan has no rows: plan_splits found only empty files")
-        names = [features] if isinstance(features, str) else list(features)
-        names += [label] if isinstance(label, str) else list(label)
+        names = [feature_columns] if isinstance(feature_columns, str) else list(feature_columns)
+        names += [label_columns] if isinstance(label_columns, str) else list(label_columns)
         available = plan.columns(include_paths=include_paths)
         for own in (WEIGHT_COLUMN, SEED_COLUMN):
             if own in available.names:
@@ -144,7 +141,7 @@ class ResumableFeed:
         self._names, self._defaults = names, defaults
         self._plans = None if transform is not None else column_plans(self._schema, [*names, WEIGHT_COLUMN],
                                                                           defaults)
-        self._features, self._label, self._tf_prefetch = features, label, tf_prefetch
+        self._feature_columns, self._label_columns, self._tf_prefetch = feature_columns, label_columns, tf_prefetch
         self._next = Position(0)
         self._until: int | None = None
         self._current: list[tuple[Position, Assignment, int]] | None = None
@@ -160,13 +157,12 @@ class ResumableFeed:
         per epoch) feeds the next epoch, the first one from the position :meth:`load` set (after
         :meth:`run_until`, a whole epoch's steps across epoch ends).  With a transform, its first
         table is read here: the feed's columns are what the transform returns."""
-        fetch_rows = None
         if self._plans is None:
-            fetch_rows = self._fetch_rows()
+            batching = Batching(self.batch_size, self._fetch_rows())
             # The reads stop at that table: a Ray Data execution kept for the first pass would hold
             # its actors' CPUs meanwhile, and another feed of the process, reading first, could wait
             # for them forever (two feeds on a cluster without a spare CPU).
-            reads = self._reads(*self._segments(self._next)[0], fetch_rows)
+            reads = self._reads(*self._segments(self._next)[0], batching.fetch_rows)
             try:
                 schema = next(reads).schema
             finally:
@@ -174,9 +170,10 @@ class ResumableFeed:
             plans = column_plans(schema, [*self._names, WEIGHT_COLUMN], self._defaults)
         else:
             plans = self._plans
-        return table_batches(self._pass_tables, plans, features=self._features, label=self._label,
-                             batch_size=self.batch_size, weight=WEIGHT_COLUMN, tf_prefetch=self._tf_prefetch,
-                             fetch_rows=fetch_rows)
+            batching = Batching.fitting(plans.values(), self.batch_size)
+        return table_batches(functools.partial(self._pass_tables, batching.fetch_rows), plans, batching,
+                             feature_columns=self._feature_columns, label_columns=self._label_columns,
+                             weight_column=WEIGHT_COLUMN, tf_prefetch=self._tf_prefetch)
 
     def run_until(self, epochs: int) -> None:
         """Make every pass a whole epoch's steps, continuing across epoch ends, and the last one end
@@ -302,15 +299,16 @@ class ResumableFeed:
         groups = [[[s, lo, hi, w] for (s, lo, hi), w in group] for group in group_pieces(self.plan, weighted,
                                                                                         self._blocks)]
         checked = self._transform is not None or self._keep is not None
-        reader = PieceReader(self.plan, self._blocks, position.epoch, self.seed, self.shuffle, self._columns,
-                             WEIGHT_COLUMN, seeds=checked)
+        reader = PieceReader(plan=self.plan, blocks=self._blocks, seed=self.seed, epoch=position.epoch,
+                             shuffle=self.shuffle, columns=self._columns, weight_column=WEIGHT_COLUMN,
+                             with_seed_column=checked)
         if checked:
             reads = ray.data.from_items([{"pieces": g} for g in groups], override_num_blocks=len(groups))
             # The order is the position: Ray Data must hand the pieces out as listed.
             reads.context.execution_options.preserve_order = True
             tables = self._transformed(reads.map_batches(reader, batch_size=None, batch_format="pyarrow"),
                                        position.epoch)
-            # prefetch_batches: what tf_dataset's ray_prefetch_batches defaults to.
+            # prefetch_batches: tf_dataset's default.
             fed = _unwrapped(tables.iter_batches(batch_size=fetch_rows, batch_format="pyarrow", drop_last=False,
                                                  prefetch_batches=2))
         else:

@@ -3,7 +3,7 @@ callback that writes them there.
 
 Ray Train v2 takes no Tune logger callbacks, so the logs are Keras's own: the trainer names a directory
 under the run's storage path (``<storage_path>/<name>/tensorboard``), hands it to every worker in
-:data:`TENSORBOARD_DIR_ENV` and prints how to open it; :class:`TensorBoard` in ``model.fit``'s callbacks
+``TENSORBOARD_DIR_ENV`` and prints how to open it; ``TensorBoard`` in ``model.fit``'s callbacks
 writes there.  Under ``MultiWorkerMirroredStrategy`` Keras keeps the chief's (rank 0's) logs: the other
 workers write to temporary directories that Keras deletes.
 
@@ -19,6 +19,8 @@ import os
 from typing import Any
 
 import tf_keras
+
+from ray_tfrecord._src.core.public import public
 
 __all__ = ["TENSORBOARD_DIR_ENV", "TensorBoard", "announce", "run_log_dir"]
 
@@ -36,6 +38,7 @@ def announce(log_dir: str) -> None:
     print(f"TensorBoard logs: {log_dir}; open them with: tensorboard --logdir {log_dir}", flush=True)
 
 
+@public("ray_tfrecord.tf")
 class TensorBoard(tf_keras.callbacks.TensorBoard):
     """Keras's ``TensorBoard`` callback, writing to the run's directory when ``log_dir`` is not given:
     the one ``tensorflow_trainer(..., tensorboard=True)`` printed.  Other arguments are Keras's

@@ -7,8 +7,8 @@ ragged dimensions.  A null row of a scalar or fixed-size column (a record withou
 is refused unless ``defaults=`` gives the value to fill it with, as ``FixedLenFeature``'s
 ``default_value`` does; a null variable-length list is an empty row.
 
-:func:`type_spec` and :func:`tensors_from_arrow` are the public face; :class:`ColumnPlan` and
-:func:`column_plans` are what the ``tf.data`` feed (:mod:`ray_tfrecord._src.tf.feed`) and batch
+``type_spec`` and ``tensors_from_arrow`` are the public face; ``ColumnPlan`` and
+``column_plans`` are what the ``tf.data`` feed (``ray_tfrecord._src.tf.feed``) and batch
 inference build on.
 """
 
@@ -306,7 +306,7 @@ def as_tensor(values: Any, splits: Sequence[Any]) -> Tensor:
 
 
 def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
-    """The ``tf.TypeSpec`` of a batch of one Arrow column, as :func:`~ray_tfrecord._src.tf.feed.tf_dataset` yields it.
+    """The ``tf.TypeSpec`` of a batch of one Arrow column, as ``tf_dataset`` yields it.
 
     ``fixed_size_list<T>[n]`` (nested for more dimensions) and fixed-shape tensor
     extension types give a dense ``tf.TensorSpec`` of shape ``(None, *dims)``;
@@ -324,7 +324,7 @@ def type_spec(arrow_type: pa.DataType) -> tf.TypeSpec:
 def tensors_from_arrow(
     table: pa.Table, columns: Sequence[str] | None = None, *, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Tensor]:
-    """Convert Arrow columns to tensors eagerly, with the same mapping as :func:`~ray_tfrecord._src.tf.feed.tf_dataset`.
+    """Convert Arrow columns to tensors eagerly, with the same mapping as ``tf_dataset``.
 
     Useful where a batch arrives as Arrow outside a ``tf.data`` pipeline, such as
     a ``map_batches`` function that runs a model.  ``defaults`` fills null rows
@@ -346,7 +346,7 @@ def column_plans(
 
     Raises ``ValueError`` if a column is not in ``schema``, ``TypeError`` if TensorFlow cannot
     hold its type, and ``SchemaError`` for a default that does not fit its column (see
-    ``defaults=`` of :func:`~ray_tfrecord._src.tf.feed.tf_dataset`).
+    ``defaults=`` of ``tf_dataset``).
     """
     wanted = list(dict.fromkeys(columns))
     missing = [c for c in wanted if c not in schema.names]

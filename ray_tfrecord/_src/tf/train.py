@@ -1,8 +1,8 @@
 """Distributed TensorFlow training on Ray Train, fed by ``ray_tfrecord`` datasets.
 
-:func:`tensorflow_trainer` builds a ``TensorflowTrainer`` with what TensorFlow
-needs on the workers; inside the training function, :func:`restore` and
-:class:`ReportCheckpoint` make checkpointing and resuming after a worker
+``tensorflow_trainer`` builds a ``TensorflowTrainer`` with what TensorFlow
+needs on the workers; inside the training function, ``restore`` and
+``ReportCheckpoint`` make checkpointing and resuming after a worker
 failure a two-line affair.
 
 Ray's TensorFlow backend sets up ``MultiWorkerMirroredStrategy`` for legacy
@@ -11,7 +11,7 @@ process may already have imported TensorFlow, where Keras 3 then fails with a
 ``PerReplica`` ValueError.  The trainer built here puts the variable in the
 workers' runtime environment instead, so it is there before any import, and
 checks on every worker, before the training function runs, that ``tf.keras``
-is the Keras asked for (:class:`KerasVersionError` otherwise).  With
+is the Keras asked for (``KerasVersionError`` otherwise).  With
 ``keras=3`` the workers get Keras 3 instead, for custom training loops:
 Keras 3 ``model.fit`` under ``MultiWorkerMirroredStrategy`` fails
 (keras-team/keras#20585).
@@ -62,6 +62,7 @@ from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat, progress
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 
@@ -73,10 +74,12 @@ WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}
 _KERAS_ISSUE = "Keras 3 model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585)"
 
 
+@public("ray_tfrecord.tf")
 class KerasVersionError(RuntimeError):
     """A training worker's ``tf.keras`` is not the Keras that ``tensorflow_trainer(keras=)`` asked for."""
 
 
+@public("ray_tfrecord.tf")
 def tensorflow_trainer(
     train_loop_per_worker: Callable[[dict[str, Any]], None],
     *,
@@ -97,7 +100,7 @@ def tensorflow_trainer(
 
     Every dataset is split across the workers with
     ``streaming_split(num_workers, equal=True)``, so each worker's shard has the
-    same row count and :func:`ray_tfrecord._src.tf.feed.tf_dataset` gives every rank the
+    same row count and [`tf_dataset`][ray_tfrecord.tf.tf_dataset] gives every rank the
     same number of batches.  A numeric ``list<T>`` column whose sampled rows
     all hold the same count gets a warning naming how to read it as a dense
     tensor (Keras ``Dense`` refuses the ragged one); the sample runs the
@@ -119,7 +122,7 @@ def tensorflow_trainer(
             restarts with fewer when a node is lost and grows toward ``max``
             when nodes are added, each time from the latest checkpoint (give
             ``max_failures`` room for the losses).  A
-            :class:`~ray_tfrecord._src.tf.resume.ResumableFeed` continues its epoch
+            [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed] continues its epoch
             at any group size, every row once.  Needs a Ray whose Train has
             elastic scaling (2.58 and 2.60 have it).
         train_loop_config: Passed to ``train_loop_per_worker``.
@@ -138,15 +141,15 @@ def tensorflow_trainer(
             the defaults above).
         keras: Which Keras ``tf.keras`` is on the workers: ``2``, tf-keras, for
             ``model.fit`` under ``MultiWorkerMirroredStrategy`` and
-            :class:`ReportCheckpoint`; ``3``, Keras 3, for a custom training loop
+            [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint]; ``3``, Keras 3, for a custom training loop
             (``strategy.run`` over ``tf_dataset(..., strategy=strategy)``), since
             Keras 3 ``fit`` fails under that strategy (keras-team/keras#20585).
             Every worker checks it before ``train_loop_per_worker`` runs and
-            raises :class:`KerasVersionError` naming the fix when it differs.
+            raises [`KerasVersionError`][ray_tfrecord.tf.KerasVersionError] naming the fix when it differs.
         tensorboard: Keep TensorBoard logs under the run's storage path
             (``<storage_path>/<name>/tensorboard``) and print one line saying how
             to open them; the training function adds
-            :class:`~ray_tfrecord._src.tf.tensorboard_logs.TensorBoard` to ``fit``'s
+            [`TensorBoard`][ray_tfrecord.tf.TensorBoard] to ``fit``'s
             callbacks, which writes there (the chief's logs).
 
     Raises:
@@ -259,7 +262,7 @@ def _ingest_options() -> ExecutionOptions:
 
 
 class _IngestConfig(DataConfig):
-    """Every dataset split across the workers, with :func:`_ingest_options`, and no progress bars
+    """Every dataset split across the workers, with ``_ingest_options``, and no progress bars
     when the driver's output is not a terminal (a file, a job's log).
 
     The split coordinator that runs the datasets is a Ray actor, whose bars Ray Data sends to the
