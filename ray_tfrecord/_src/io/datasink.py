@@ -9,9 +9,9 @@ Example:
     9
 
 This module adapts the write to Ray Data: the driver side of the commit protocol
-(:mod:`ray_tfrecord._src.io.commit`, which says what a concurrent reader sees) runs in
+(``ray_tfrecord._src.io.commit``, which says what a concurrent reader sees) runs in
 ``on_write_start``/``on_write_complete``/``on_write_failed``, the file writers
-(:mod:`ray_tfrecord._src.io.writers`) in ``write``.
+(``ray_tfrecord._src.io.writers``) in ``write``.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ class TFRecordDatasink(_Base):
     """Writes a dataset as TFRecord files, Hive-partitioned if asked.
 
     Use with ``ds.write_datasink(TFRecordDatasink(path, ...))`` or
-    :func:`write_tfrecords`. After the write, :attr:`result` holds a
-    :class:`TFRecordWriteResult`. The write is staged and committed all or nothing
-    (:mod:`ray_tfrecord._src.io.commit`); each write task's files are written by
-    :mod:`ray_tfrecord._src.io.writers`.
+    [`write_tfrecords`][ray_tfrecord.write_tfrecords]. After the write, ``result`` holds what was
+    written: ``num_rows``, ``files`` (the data files' final paths), ``num_files``, ``bytes_written``
+    and ``skipped`` (``mode="ignore"`` found data). The write is staged and committed all or nothing:
+    a failed or killed write leaves nothing visible ([Writing](../writing.md),
+    [Cloud storage](../cloud-storage.md#how-a-write-commits)).
 
     Args:
         path: Destination directory (any ``pyarrow.fs`` filesystem), a string or a path-like object.
@@ -215,7 +216,7 @@ class TFRecordDatasink(_Base):
     def prepare(self, ds: Dataset) -> bool:
         """Settle what can be settled before ``ds`` runs, so that Ray does not compute a dataset only for
         the sink to refuse or drop it: join its job checkpoint and apply the save mode (``True``: nothing
-        is to be written, and :attr:`result` says why), and check the schema Ray knows without executing
+        is to be written, and ``result`` says why), and check the schema Ray knows without executing
         it. Optional: ``ds.write_datasink(sink)`` alone does the same as the write starts."""
         self._context = ds.context
         if self.apply_mode(ds.context):
@@ -230,7 +231,8 @@ class TFRecordDatasink(_Base):
     def apply_mode(self, context: DataContext | None = None) -> bool:
         """Take part in the job checkpoint of ``context`` (the dataset's; default: the current one), if
         it has one, and apply the save mode, once; ``True``: nothing is to be written (``ignore`` found
-        data, or a rerun completed a checkpointed write whose data was complete), and :attr:`result` says so."""
+        data, or a rerun completed a checkpointed write whose data was complete), and ``result`` says
+        so."""
         if self._skips is None:
             config = compat.checkpoint_config(context)
             if config is not None:
@@ -295,7 +297,7 @@ class TFRecordDatasink(_Base):
         return self._min_rows_per_file or self._rows_per_write
 
     def _bundle_rows_like_bytes(self, ds: Dataset) -> None:
-        """Ray before 2.60 ignores :attr:`min_bytes_per_write` and runs one write task per input block
+        """Ray before 2.60 ignores ``min_bytes_per_write`` and runs one write task per input block
         unless a row target is given. For a materialized dataset, whose size Ray knows without
         executing it, set the row target that gathers the same bytes, so that the same files are
         written on every Ray; a lazy dataset's write tasks are fused with the read tasks before it
@@ -329,8 +331,8 @@ class TFRecordDatasink(_Base):
     # -- write tasks ---------------------------------------------------------------------
 
     def write(self, blocks: Iterable[Block], ctx: compat.TaskContext) -> dict[str, Any]:
-        """Write this task's blocks into the staging directory; returns the staged
-        files (:class:`~ray_tfrecord._src.io.commit.StagedFile`) and the record schemas written."""
+        """Write this task's blocks into the staging directory (Ray calls it in each write task);
+        returns the staged files and the record schemas written."""
         if self._skips:
             return {"files": [], "schemas": []}
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
@@ -373,13 +375,15 @@ def write_tfrecords(
     ray_remote_args: dict[str, Any] | None = None,
     **task_options: Unpack[options.RayTaskOptions],
 ) -> TFRecordWriteResult:
-    """Write ``ds`` as TFRecord files under ``path``; see :class:`TFRecordDatasink`
-    for the arguments and the commit protocol. Returns what was written.
+    """Write ``ds`` as TFRecord files under ``path``; see [`TFRecordDatasink`][ray_tfrecord.TFRecordDatasink]
+    for the arguments and the commit protocol. Returns what was written (``num_rows``, ``files``,
+    ``num_files``, ``bytes_written``, ``skipped``).
 
     ``concurrency`` and ``ray_remote_args`` are ``Dataset.write_datasink``'s; the write tasks'
-    Ray options can also be given by name (``num_cpus``, ``num_gpus``, ``memory``,
-    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
-    ``fallback_strategy``, ``max_calls``), as for :func:`~ray_tfrecord.read_tfrecords`;
+    Ray options can also be given by name ([`RayTaskOptions`][ray_tfrecord.RayTaskOptions]:
+    ``num_cpus``, ``num_gpus``, ``memory``, ``resources``, ``accelerator_type``, ``runtime_env``,
+    ``label_selector``, ``fallback_strategy``, ``max_calls``), as for
+    [`read_tfrecords`][ray_tfrecord.read_tfrecords];
     only the ones given reach Ray.
 
     Example:
@@ -388,6 +392,7 @@ def write_tfrecords(
         >>> ray_tfrecord.write_tfrecords(ds, "/tmp/r", compression="gzip")  # doctest: +SKIP
         TFRecordWriteResult(num_rows=100, ...)
     """
+    task_options = options.ray_task_options("write_tfrecords", task_options)  # a misspelt keyword fails first
     sink = TFRecordDatasink(
         path,
         filesystem=filesystem,
@@ -405,7 +410,7 @@ def write_tfrecords(
         allow_decimal_narrowing=allow_decimal_narrowing,
     )
     given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args,
-                 **options.ray_task_options("write_tfrecords", task_options))
+                 **task_options)
     if sink.prepare(ds):
         return _result(sink)
     try:

@@ -113,9 +113,9 @@ class TFRecordDatasource(Datasource):
         verify_crc: Check each record's data CRC (the length CRC is always checked).
         on_corrupt: ``"raise"`` (default) raises
             [`CorruptRecordError`][ray_tfrecord.CorruptRecordError] naming the file and byte
-            offset; ``"skip"`` drops bad records, logs them and counts them; the
-            count is available from [`corruption_report`][ray_tfrecord.TFRecordDatasource.corruption_report] after execution. A
-            damaged GZIP/ZLIB stream keeps the records before the damage and counts the
+            offset; ``"skip"`` drops bad records, logs them and counts them; the count is
+            available from [`corruption_report`][ray_tfrecord.TFRecordDatasource.corruption_report]
+            after execution. A damaged GZIP/ZLIB stream keeps the records before the damage and counts the
             rest of the file as one lost stretch.
         filesystem: The ``pyarrow.fs.FileSystem`` to use; inferred from the paths
             when absent.
@@ -129,8 +129,10 @@ class TFRecordDatasource(Datasource):
         include_paths: Add a ``path`` column with each row's file path.
         file_extensions: Only read files with one of these extensions. Default
             ``None`` reads every visible file: TFRecord files are often named without
-            an extension (``train-00000-of-00100``).
-        ignore_missing_paths: Skip paths that do not exist instead of raising.
+            an extension (``train-00000-of-00100``). Names starting with ``.`` or ``_``
+            (``_SUCCESS``, ``.crc`` files, index sidecars) are never read.
+        ignore_missing_paths: Skip paths that do not exist, and globs that match no file, instead
+            of raising.
         shuffle: ``"files"`` or a ``FileShuffleConfig`` to shuffle the file order.
         infer_sample_records: Records sampled to infer the schema, read from the
             first files in listing order (whole files while they fit in the sample).
@@ -400,13 +402,13 @@ def read_tfrecords(
     ray_remote_args: dict[str, Any] | None = None,
     **task_options: Unpack[options.RayTaskOptions],
 ) -> Dataset:
-    """Read TFRecord files into a :class:`ray.data.Dataset`.
+    """Read TFRecord files into a ``ray.data.Dataset``.
 
-    Takes the arguments of :class:`TFRecordDatasource` plus those of Ray 2.60's
+    Takes the arguments of [`TFRecordDatasource`][ray_tfrecord.TFRecordDatasource] plus those of Ray 2.60's
     ``ray.data.read_datasource``: ``override_num_blocks``, ``concurrency``, ``compute``
-    and the read tasks' Ray options by name (``num_cpus``, ``num_gpus``, ``memory``,
-    ``resources``, ``accelerator_type``, ``runtime_env``, ``label_selector``,
-    ``fallback_strategy``, ``max_calls``). Only the ones given reach Ray; on a Ray release
+    and the read tasks' Ray options by name ([`RayTaskOptions`][ray_tfrecord.RayTaskOptions]:
+    ``num_cpus``, ``num_gpus``, ``memory``, ``resources``, ``accelerator_type``, ``runtime_env``,
+    ``label_selector``, ``fallback_strategy``, ``max_calls``). Only the ones given reach Ray; on a Ray release
     whose read API does not name one yet it goes into ``ray_remote_args``, which is still
     accepted (Ray 2.60 deprecates it). ``override_num_blocks`` defaults to one read task per
     CPU in the cluster (more for data larger than that many target-size blocks), not Ray's
@@ -421,6 +423,7 @@ def read_tfrecords(
         >>> ds = ray_tfrecord.read_tfrecords(  # doctest: +SKIP
         ...     "/data/train", columns=["label", "image"], on_corrupt="skip")
     """
+    task_options = options.ray_task_options("read_tfrecords", task_options)  # a misspelt keyword fails first
     datasource = TFRecordDatasource(
         paths,
         record_type=record_type,
@@ -443,7 +446,7 @@ def read_tfrecords(
         size = datasource.estimate_inmemory_data_size() or 0
         override_num_blocks = default_read_tasks(size, compat.data_context().target_max_block_size)
     given = dict(override_num_blocks=override_num_blocks, concurrency=concurrency, compute=compute,
-                 ray_remote_args=ray_remote_args, **options.ray_task_options("read_tfrecords", task_options))
+                 ray_remote_args=ray_remote_args, **task_options)
     progress.preflight("read_tfrecords", [], task_cpus=task_options.get("num_cpus", progress.TASK_CPUS))
     return ray.data.read_datasource(datasource, **compat.ray_call_args(ray.data.read_datasource, given))
 
