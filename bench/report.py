@@ -77,7 +77,7 @@ def _load() -> list[float] | None:
 def write_json(path: Path, rows: list[dict], argv: list[str], datasets: dict, machine_info: dict) -> dict:
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench " + shlex.join(argv),
+        "command": _command(argv),
         "machine": {**machine_info, "load_avg_at_end": _load()},
         "versions": {p: _version(p) for p in ("ray", "pyarrow", "numpy", "tensorflow", "ray_tfrecord")},
         "datasets": datasets,
@@ -87,6 +87,23 @@ def write_json(path: Path, rows: list[dict], argv: list[str], datasets: dict, ma
     path.write_text(json.dumps(result, indent=1) + "\n")
     write_table(path.with_name("bench_table.md"), result)
     return result
+
+
+# Options that change where a run's files go or what its machine is called, not what it measures.
+_UNMEASURED = ("--out", "--machine")
+
+
+def _command(argv: list[str]) -> str:
+    """The command that measures the same: ``python -m bench`` and ``argv`` without ``_UNMEASURED``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _UNMEASURED:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in _UNMEASURED)):
+            kept.append(arg)
+    return "python -m bench " + shlex.join(kept) if kept else "python -m bench"
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
