@@ -1,13 +1,13 @@
 """ray_tfrecord: TFRecord as a first-class Ray Data format, and a feed into TensorFlow training.
 
-Example::
+```python
+import ray
+import ray_tfrecord
 
-    import ray
-    import ray_tfrecord
-
-    ds = ray.data.from_items([{"number": n % 3, "word": f"w{n}"} for n in range(10)])
-    ray_tfrecord.write_tfrecords(ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
-    assert ray_tfrecord.read_tfrecords("/tmp/words").count() == 10
+ds = ray.data.from_items([{"number": n % 3, "word": f"w{n}"} for n in range(10)])
+ray_tfrecord.write_tfrecords(ds, "/tmp/words", partition_cols=["number"], mode="overwrite")
+assert ray_tfrecord.read_tfrecords("/tmp/words").count() == 10
+```
 
 The codec, framing and schema names need only pyarrow and numpy; Ray loads when a name that needs it is
 first used. The TensorFlow side (feeds, the resumable feed, the trainer, inference) is ``ray_tfrecord.tf``.

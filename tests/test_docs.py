@@ -166,6 +166,10 @@ def test_the_site_builds_strict(tmp_path):
     assert "| bench |" not in (site / "benchmarks" / "index.html").read_text()
     assert "<table>" in (site / "benchmarks" / "index.html").read_text()
     assert (site / "img" / "bench.png").stat().st_size > 10_000
+    # The API reference was rendered from the docstrings (mkdocstrings), entries and cross-references.
+    feed = (site / "reference" / "training-feed" / "index.html").read_text()
+    assert 'id="ray_tfrecord.tf.tf_dataset"' in feed and "Parameters:" in feed
+    assert 'href="../resuming/#ray_tfrecord.tf.ResumableFeed"' in feed
 
 
 def test_the_readme_links_resolve():

@@ -66,7 +66,8 @@ def readable_log_problems(log: str, max_lines: int) -> list[str]:
 @pytest.mark.timeout(900)
 def test_digits_demo_log_is_readable(tmp_path):
     """The demo as a user captures it (``python train_examples/digits.py > demo.log 2>&1``), two
-    epochs instead of fifteen: every epoch adds a few plain lines, no progress bar."""
+    epochs instead of fifteen: every epoch adds three plain lines (two workers' reports, one read), no
+    progress bar, so that the fifteen epochs of ``make demo`` stay under 120 lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_COLOR_PREFIX")}
     env["RAY_ADDRESS"] = "local"
     log_path = tmp_path / "demo.log"
@@ -78,6 +79,6 @@ def test_digits_demo_log_is_readable(tmp_path):
         )
     log = log_path.read_text()
     assert run.returncode == 0, log[-5000:]
-    assert "test accuracy: " in log
-    assert readable_log_problems(log, max_lines=200) == []
+    assert "test accuracy: " in log and "model in " in log
+    assert readable_log_problems(log, max_lines=120 - 13 * 3) == []
 

@@ -182,7 +182,7 @@ def test_digits_demo_runs_as_a_job(head):
     tailed = output.split("Tailing logs until the job exits (disable with --no-wait):\n", 1)[1]
     job_log = re.split(r"^.*-{20,}.*\n.*Job '\S+' succeeded", tailed, maxsplit=1, flags=re.M)[0]
     assert "test accuracy: " in job_log
-    assert readable_log_problems(job_log, max_lines=300) == []
+    assert readable_log_problems(job_log, max_lines=120) == []
 
 
 def test_digits_parameter_server_example_runs_as_a_job(head):

@@ -29,6 +29,7 @@ On a multi-node cluster ``--out`` must be storage every node can reach.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
 import time
@@ -84,6 +85,8 @@ def train_loop(config: dict) -> None:
             metrics=["accuracy"],
         )
     start_epoch = restore(model)
+    # Ray Train's report line per epoch and worker carries the metrics; its checkpoint line adds nothing.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
     feed = tf_dataset(
         ray.train.get_dataset_shard("train"),
         feature_columns="pixels",
@@ -112,6 +115,10 @@ def main() -> None:
 
     _quiet_tf.plain_log()
     ray.init(runtime_env=_quiet_tf.ray_runtime_env())
+    # Ray Data's warnings, not its INFO lines (each dataset's plan and progress, a dozen lines a write):
+    # the example says what it did itself.
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray.data.DataContext.get_current().print_on_execution_start = False
     digits = load_digits()
     ids = np.arange(len(digits.target))
     x_train, x_test, y_train, y_test, id_train, id_test = train_test_split(
@@ -135,9 +142,13 @@ def main() -> None:
         cpus_per_worker=0.5,
         train_loop_config={"epochs": args.epochs, "batch_size": args.batch_size, "lr": 3e-3, "seed": 0},
         storage_path=os.path.join(out, "runs"),
+        # TensorFlow's C++ INFO lines (its collective service connecting, per worker); warnings stay.
+        env_vars={"TF_CPP_MIN_LOG_LEVEL": "1"},
     )
+    print(f"training {args.epochs} epochs on {args.workers} workers", flush=True)
     result = trainer.fit()
-    print(f"trained {args.epochs} epochs on {args.workers} workers: {result.metrics}")
+    print(f"trained: loss {result.metrics['loss']:.3f}, accuracy {result.metrics['accuracy']:.3f}; "
+          f"model in {os.path.join(result.checkpoint.path, MODEL_FILE)}")
 
     test_ds = ray_tfrecord.read_tfrecords(os.path.join(out, "test"), schema=SCHEMA)
     predictions_dir = os.path.join(out, "predictions")

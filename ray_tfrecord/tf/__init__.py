@@ -1,17 +1,21 @@
 """Training with TensorFlow on Ray: one import for a training script.
 
-::
+```python
+from ray_tfrecord.tf import (ReportCheckpoint, ResumableFeed, plan_splits, restore,
+                             tensorflow_trainer, tf_dataset)
+```
 
-    from ray_tfrecord.tf import (ReportCheckpoint, ResumableFeed, plan_splits, restore,
-                                 tensorflow_trainer, tf_dataset)
-
-``tf_dataset`` feeds a Ray dataset shard to Keras or a custom loop; ``tfrecord_dataset`` reads a
-dataset with TensorFlow's own ops, without Ray (parameter-server workers, TPU hosts); ``plan_splits`` and
-``ResumableFeed`` give a feed that resumes mid-epoch; ``tensorflow_trainer`` builds Ray Train's
-``TensorflowTrainer`` (a fixed ``num_workers`` or an elastic ``(min, max)`` range), ``ps_trainer`` a
-parameter-server cluster of Ray actors (``ps_checkpoint_dir`` its checkpoints);
-``ReportCheckpoint`` and ``restore`` checkpoint and resume a Keras model, ``TensorBoard`` logs it;
-``inference`` and ``predict`` run a saved model over a dataset.
+[`tf_dataset`][ray_tfrecord.tf.tf_dataset] feeds a Ray dataset shard to Keras or a custom loop;
+[`tfrecord_dataset`][ray_tfrecord.tf.tfrecord_dataset] reads a dataset with TensorFlow's own ops, without
+Ray (parameter-server workers, TPU hosts); [`plan_splits`][ray_tfrecord.tf.plan_splits] and
+[`ResumableFeed`][ray_tfrecord.tf.ResumableFeed] give a feed that resumes mid-epoch;
+[`tensorflow_trainer`][ray_tfrecord.tf.tensorflow_trainer] builds Ray Train's ``TensorflowTrainer`` (a
+fixed ``num_workers`` or an elastic ``(min, max)`` range), [`ps_trainer`][ray_tfrecord.tf.ps_trainer] a
+parameter-server cluster of Ray actors ([`ps_checkpoint_dir`][ray_tfrecord.tf.ps_checkpoint_dir] its
+checkpoints); [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint] and [`restore`][ray_tfrecord.tf.restore]
+checkpoint and resume a Keras model, [`TensorBoard`][ray_tfrecord.tf.TensorBoard] logs it;
+[`inference`][ray_tfrecord.tf.inference] and [`predict`][ray_tfrecord.tf.predict] run a saved model over a
+dataset.
 
 TensorFlow is imported here as it is anywhere else: its own messages, a fatal one included, reach
 stderr unchanged.  Each name loads its module (Ray Train, tf_keras) when first used, so this import

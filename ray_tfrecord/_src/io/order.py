@@ -1,11 +1,11 @@
 """The order of a resumable feed's epochs, and positions inside them, as plain arithmetic.
 
 An epoch is a list of *pieces* ``(split, lo, hi)``: rows ``lo`` to ``hi`` (exclusive) of split number
-``split`` of a :class:`~ray_tfrecord._src.io.splits.SplitPlan`, taken in the split's seeded row order
-(:func:`row_order`).  The whole epoch ``e`` is every split once, in the permutation that
-``(seed, e)`` gives (:func:`epoch_pieces`).
+``split`` of a ``SplitPlan``, taken in the split's seeded row order
+(``row_order``).  The whole epoch ``e`` is every split once, in the permutation that
+``(seed, e)`` gives (``epoch_pieces``).
 
-The pieces are shared out to ``world_size`` ranks by :func:`assign`: cut as one stream into
+The pieces are shared out to ``world_size`` ranks by ``assign``: cut as one stream into
 contiguous shares of ``rows // world_size`` rows (the first ``rows % world_size`` ranks one more).
 Every rank runs the same number of steps of ``batch_size`` rows: the largest share's, rounded up;
 a rank whose share does not fill its last steps gets *padding* rows, copies of its own first rows
@@ -13,9 +13,9 @@ that carry weight 0, so that they are fed (the collectives need equal batches on
 not trained on.  Each row of the epoch thus reaches exactly one rank once with weight 1.
 
 Since the ranks step in lockstep, the rows consumed after ``k`` completed steps are known on every
-rank without asking the others: each rank's first ``k * rows_per_step`` rows.  :meth:`Position.after`
+rank without asking the others: each rank's first ``k * rows_per_step`` rows.  ``Position.after``
 is what remains, as pieces, in rank order; a restarted group of any size resumes with
-:func:`assign` over them.
+``assign`` over them.
 
 Example::
 
@@ -41,8 +41,10 @@ __all__ = [
     "row_seeds", "splitmix64",
 ]
 
-#: The per-row seed column a resumable feed's transform receives (``pa.uint64``): :func:`row_seeds`.
 SEED_COLUMN = "__seed__"
+"""The per-row seed column a [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed]'s transform receives
+(``pa.uint64``): the same for a row of an epoch whatever the group size or resume point, so a random
+augmentation seeded with it repeats exactly after a restart."""
 
 #: ``(split, lo, hi)``: rows ``lo:hi`` of a split, in its seeded row order.
 Piece = tuple[int, int, int]
@@ -157,7 +159,7 @@ def assign(pieces: Sequence[Piece], world_size: int, batch_size: int) -> Assignm
 @dataclass(frozen=True)
 class Position:
     """Where a feed stands: ``epoch``, and the rows of it no rank has trained on yet (``pieces``,
-    ``None`` for the whole epoch).  JSON-serializable through :meth:`to_json`."""
+    ``None`` for the whole epoch).  JSON-serializable through ``to_json``."""
 
     epoch: int
     pieces: tuple[Piece, ...] | None = None

@@ -1,11 +1,11 @@
-"""What one read task of :class:`~ray_tfrecord._src.io.datasource.TFRecordDatasource` does: stream the
-framed records of its byte ranges (:mod:`ray_tfrecord._src.io.planning`), decode them with the native
+"""What one read task of ``TFRecordDatasource`` does: stream the
+framed records of its byte ranges (``ray_tfrecord._src.io.planning``), decode them with the native
 codec and attach the partition and ``path`` columns, one block per chunk.
 
 The datasource plans the tasks on the driver; everything here runs in the task, from a
-:class:`ReadConfig` and the task's ranges. On an object store every read is a round trip (20 ms and
+``ReadConfig`` and the task's ranges. On an object store every read is a round trip (20 ms and
 more), so there a task opens the next files in threads while it decodes one, each small file whole in
-its first request (:data:`~ray_tfrecord._src.core.sizes.OBJECT_FIRST_READ_BYTES`): one GET a file on GCS,
+its first request (``OBJECT_FIRST_READ_BYTES``): one GET a file on GCS,
 a HEAD and a GET on S3 (pyarrow's S3 client asks for the size first).
 """
 

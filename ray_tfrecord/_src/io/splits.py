@@ -1,14 +1,14 @@
 """A dataset cut into record-exact splits, for a feed that can stop and resume at any record.
 
-:func:`plan_splits` lists a dataset's files and cuts each into :class:`Split` s of about
+``plan_splits`` lists a dataset's files and cuts each into ``Split`` s of about
 ``split_bytes``: a byte range that starts on a record boundary, with its exact record count. The
-boundaries come from the file's index sidecar (:mod:`ray_tfrecord._src.core.index`) when it is current;
+boundaries come from the file's index sidecar (``ray_tfrecord._src.core.index``) when it is current;
 an uncompressed file without one is scanned once, in a Ray task, and the index kept for the next
-plan (:mod:`ray_tfrecord._src.io.indexing`). A GZIP/ZLIB file cannot be cut and is one split, whose
+plan (``ray_tfrecord._src.io.indexing``). A GZIP/ZLIB file cannot be cut and is one split, whose
 record count also costs a scan the first time: decompressing the whole file, and a resumed or
 padded piece of it decompresses the file again up to the piece.
 
-:func:`read_pieces` reads pieces of splits (:mod:`ray_tfrecord._src.io.order`) with the native decoder,
+``read_pieces`` reads pieces of splits (``ray_tfrecord._src.io.order``) with the native decoder,
 adding a weight column; it runs inside Ray Data tasks.
 """
 
@@ -111,10 +111,10 @@ def plan_splits(
     Files without a current index sidecar are scanned in Ray tasks spread over the cluster (in
     threads here when Ray is not running) and, with ``keep_index`` (the default), what the scan found
     is kept: as index sidecars in a dataset this package wrote, else (another writer's directory, or
-    one that cannot be written) in this machine's index cache (:mod:`ray_tfrecord._src.io.indexing`), so
-    planning the same files again reads only each file's first and last 4 KiB.
-    ``keep_index=False`` writes nothing.  A plan of many splits pickles as an object reference
-    while Ray runs (:mod:`ray_tfrecord._src.io.stored`).
+    one that cannot be written) in this machine's index cache, so planning the same files again
+    reads only each file's first and last 4 KiB.  ``keep_index=False`` writes nothing.  A plan of many
+    splits pickles as an object reference while Ray runs, so a ``train_loop_config`` holding it stays
+    small ([At scale](../scale.md#a-plan-of-many-splits-travels-by-reference)).
     """
     if split_bytes <= 0:
         raise ValueError(f"split_bytes must be positive, got {split_bytes}")
@@ -177,7 +177,7 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
 def group_pieces(plan: SplitPlan, pieces: Sequence[Weighted], blocks: Sequence[Sequence[int]],
                  target_bytes: int = sizes.MIN_SPLIT_BYTES, max_pieces: int = MAX_RANGES_PER_TASK,
                  ) -> list[list[Weighted]]:
-    """Consecutive ``pieces`` (of ``blocks``, :func:`~ray_tfrecord._src.io.order.mix_blocks`) in groups of
+    """Consecutive ``pieces`` (of ``blocks``, ``mix_blocks``) in groups of
     about ``target_bytes`` on disk and at most ``max_pieces``: one read task each. A task per piece
     cost a Ray task's overhead per small file (``make bench``, Ray Train drain: 12% of the plain
     feed's rows/s with 8 MB files read one per task)."""
@@ -202,9 +202,9 @@ def read_pieces(
     shuffle: bool, columns: Sequence[str], weight_column: str, with_seed_column: bool = False,
 ) -> Iterator[pa.Table]:
     """One table per piece of a block: its rows in the block's seeded order
-    (:func:`~ray_tfrecord._src.io.order.row_order`), ``columns`` plus ``weight_column`` (float32, the
-    piece's weight) and with ``with_seed_column`` :data:`~ray_tfrecord._src.io.order.SEED_COLUMN` (each row's
-    :func:`~ray_tfrecord._src.io.order.row_seeds`)."""
+    (``row_order``), ``columns`` plus ``weight_column`` (float32, the
+    piece's weight) and with ``with_seed_column`` ``SEED_COLUMN`` (each row's
+    ``row_seeds``)."""
     fs = compat.unpickled_filesystem(plan.filesystem)
     available = plan.columns(include_paths=PATH_COLUMN in columns)
     attached = {*plan.partition_schema.names, PATH_COLUMN}
@@ -264,7 +264,7 @@ def _attached(partitions: dict[str, PartitionValues], split: Split, table: pa.Ta
 @dataclass(frozen=True, kw_only=True)
 class PieceReader:
     """The body of a resumable feed's Ray Data tasks (``map_batches``): rows of ``pieces`` (runs of
-    ``[block, lo, hi, weight]``, :func:`group_pieces`) in, their decoded rows out.  It lives here, not
+    ``[block, lo, hi, weight]``, ``group_pieces``) in, their decoded rows out.  It lives here, not
     beside the feed, so that a read task's worker imports no TensorFlow (seconds per fresh worker,
     which Ray starts for the feed's tasks every epoch)."""
 

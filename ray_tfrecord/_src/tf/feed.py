@@ -1,9 +1,9 @@
-"""Stream Ray Data batches into TensorFlow as a ``tf.data.Dataset``: :func:`tf_dataset`.
+"""Stream Ray Data batches into TensorFlow as a ``tf.data.Dataset``: ``tf_dataset``.
 
-Each Arrow batch Ray Data hands out becomes tensors as :mod:`ray_tfrecord._src.tf.tensors` plans
+Each Arrow batch Ray Data hands out becomes tensors as ``ray_tfrecord._src.tf.tensors`` plans
 them, with no Python work per row: dense tensors for fixed-length columns, ``tf.RaggedTensor``
 for variable-length lists.  Only full batches are produced by default, so every rank of a Ray
-Train run takes the same number of steps; :mod:`ray_tfrecord._src.tf.distribution` explains the
+Train run takes the same number of steps; ``ray_tfrecord._src.tf.distribution`` explains the
 policy, the batch size under ``MultiWorkerMirroredStrategy`` and the per-replica batches of
 ``strategy=``.
 
@@ -91,7 +91,7 @@ class _Fetches:
 @dataclass(frozen=True)
 class _Decoding:
     """Decodes a fetch of serialized ``Example`` records (``record_type="ByteArray"``) in this
-    process, with :func:`~ray_tfrecord._src.core.codec.decode_records`: the native decoder runs here, with
+    process, with ``decode_records``: the native decoder runs here, with
     the GIL released, into the Arrow buffers the tensors are made from."""
 
     schema: pa.Schema
@@ -138,7 +138,7 @@ def _plans(
 class _Feed:
     """One ``tf_dataset`` call's settings, checked: what it reads, how it converts and batches.
 
-    :meth:`batches` builds the ``tf.data`` pipeline for any batch size and step count, so the
+    ``batches`` builds the ``tf.data`` pipeline for any batch size and step count, so the
     same settings serve a whole worker's batches or, under ``strategy=``, each replica's.
     """
 
@@ -223,11 +223,20 @@ def tf_dataset(
         feature_columns: One column name (the model input is that tensor) or several
             (the input is a ``dict`` of tensors keyed by column name).
         label_columns: Label column(s), same convention; ``None`` yields features only.
-        batch_size: Rows per element, taken from this worker's shard (under
-            ``MultiWorkerMirroredStrategy`` that is TensorFlow's global batch
-            size; see :mod:`ray_tfrecord._src.tf.distribution`).
-        drop_last: Yield only full batches (see :mod:`ray_tfrecord._src.tf.distribution`
-            for why this keeps ranks in step).  ``False`` keeps the last partial batch;
+        batch_size: Rows per element, taken from this worker's shard.  Under
+            ``MultiWorkerMirroredStrategy`` it is TensorFlow's global batch size: Keras
+            splits every element into ``num_replicas_in_sync`` pieces and runs one step per
+            piece, so pass ``per_replica_batch * world_size``.  Keras then runs, and prints,
+            ``world_size * ((rows // world_size) // batch_size)`` steps an epoch (1,000 rows,
+            2 workers, ``batch_size=100``: 10), the same on every rank
+            ([Training feed](../training.md)).
+        drop_last: Yield only full batches, which keeps the ranks of synchronous training
+            in step: Ray Train splits a dataset with ``streaming_split(world_size,
+            equal=True)``, so every rank gets ``rows // world_size`` rows and yields
+            ``(rows // world_size) // batch_size`` batches an epoch; at most
+            ``world_size * batch_size - 1`` rows an epoch go unseen.  Where shards may be
+            unequal (a custom ``DataConfig``, each rank reading its own files), pass
+            ``steps_per_epoch``.  ``False`` keeps the last partial batch;
             inside a Ray Train run of several workers that is refused unless
             ``steps_per_epoch`` is given, because ranks could then disagree on
             the step count.
@@ -256,8 +265,7 @@ def tf_dataset(
         prefetch_batches: Batches Ray fetches ahead on its own threads.
         tf_prefetch: Batches TensorFlow keeps ready ahead of the training step.
         strategy: Hand Keras per-replica batches already cut, as a
-            ``tf.distribute.DistributedDataset`` (see "Per-replica batches" in
-            :mod:`ray_tfrecord._src.tf.distribution`): each replica gets ``batch_size //
+            ``tf.distribute.DistributedDataset``: each replica gets ``batch_size //
             strategy.num_replicas_in_sync`` rows straight from this worker's
             shard, and Keras skips its own re-split of every element, which on
             a ragged column costs more than the feed.  Needs
@@ -269,8 +277,11 @@ def tf_dataset(
 
     Returns:
         A dataset whose elements are ``(features, label)``, or ``features`` when
-        ``label_columns`` is ``None``.  Its ``element_spec`` follows the Arrow schema,
-        see :func:`~ray_tfrecord._src.tf.tensors.type_spec`.  Auto-sharding is off: Ray already sharded it.
+        ``label_columns`` is ``None``.  Its ``element_spec`` follows the Arrow schema:
+        ``fixed_size_list`` and fixed-shape tensor columns give dense tensors of shape
+        ``(None, *dims)``, each variable-length ``list`` level a ragged dimension
+        (``tf.RaggedTensor``, int64 row splits), binary and string ``tf.string``.
+        Auto-sharding is off: Ray already sharded it.
         tf.data autotuning is off (an epoch's end would often wait for the
         autotuner's next wake-up); ``with_options`` turns it back on.  With
         ``strategy``, a ``tf.distribute.DistributedDataset`` of the same

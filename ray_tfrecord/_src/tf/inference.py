@@ -162,12 +162,12 @@ def predict(
         ds: Input rows, e.g. from ``ray_tfrecord.read_tfrecords``.
         model_path: A ``.keras`` file written by Keras 3 or by ``tf-keras``
             (each is loaded by the Keras its ``metadata.json`` names;
-            :data:`ray_tfrecord.tf.MODEL_FILE` in a checkpoint is one), a
+            [`MODEL_FILE`][ray_tfrecord.tf.MODEL_FILE] in a checkpoint is one), a
             tf-keras ``.h5`` file or Keras SavedModel directory, or any TensorFlow
             SavedModel with a single-output ``serving_default`` signature; a
             string or path-like.
         feature_columns: Model input column(s), converted as
-            :func:`ray_tfrecord._src.tf.feed.tf_dataset` does (one name: a tensor;
+            [`tf_dataset`][ray_tfrecord.tf.tf_dataset] does (one name: a tensor;
             several: a dict keyed by column, matching named model inputs).
         key_columns: Columns copied to the output so every prediction can be
             joined back to its input (at least one).
@@ -175,14 +175,14 @@ def predict(
             the model gives one value per row, else a ``fixed_size_list`` of
             the row's outputs flattened (floats as float32).
         defaults: Values for null rows of feature columns (records without
-            the feature), as in :func:`ray_tfrecord._src.tf.feed.tf_dataset`; checked
+            the feature), as in [`tf_dataset`][ray_tfrecord.tf.tf_dataset]; checked
             on the driver when the dataset's schema is known.
         batch_size: Rows per model call.
         concurrency: Number of model-holding actors.
         num_cpus: CPUs reserved per actor (fractions allowed). By default 1; on a
             cluster too small to hold that beside one read task (and Ray's checkpoint
             filter actor, on a checkpointed job's rerun) the most that fits, down to 0,
-            and a log line says so. A job that cannot fit raises :class:`~ray_tfrecord.StallError`
+            and a log line says so. A job that cannot fit raises [`StallError`][ray_tfrecord.StallError]
             before it starts, naming the ``num_cpus`` that fits.
         num_gpus: GPUs reserved per actor.
 
@@ -254,10 +254,10 @@ def inference(
     checkpoint_path: str | os.PathLike[str] | None = None,
     min_rows_per_file: int | None = None,
 ) -> None:
-    """Run :func:`predict` and write the keyed predictions to ``output_path``.
+    """Run [`predict`][ray_tfrecord.tf.predict] and write the keyed predictions to ``output_path``.
 
     ``output_format="tfrecord"`` writes ``tf.train.Example`` records with
-    :func:`~ray_tfrecord._src.io.datasink.write_tfrecords`; ``"parquet"`` uses Ray's Parquet
+    [`write_tfrecords`][ray_tfrecord.write_tfrecords]; ``"parquet"`` uses Ray's Parquet
     writer.  ``mode`` says what to do when ``output_path`` (a string or path-like)
     already has data.
 

@@ -194,8 +194,8 @@ def tfrecord_dataset(
     ``element_spec``; its cardinality is known.
 
     Args:
-        source: A [`SplitPlan`][ray_tfrecord.tf.SplitPlan] ([`plan_splits`][ray_tfrecord.tf.plan_splits]), or paths to plan
-            here.  Example records; the parse spec is the plan's schema.
+        source: A [`SplitPlan`][ray_tfrecord.tf.SplitPlan] ([`plan_splits`][ray_tfrecord.tf.plan_splits]),
+            or paths to plan here.  Example records; the parse spec is the plan's schema.
         feature_columns: The model's input column(s), record or partition columns.
         label_columns: Label column(s); ``None`` yields features only.
         batch_size: Rows per element; with ``shard=`` an ``InputContext``, the global batch size, of

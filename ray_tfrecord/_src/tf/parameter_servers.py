@@ -74,8 +74,8 @@ class ClusterFailedError(RuntimeError):
 @public("ray_tfrecord.tf")
 def ps_checkpoint_dir() -> str:
     """The run's checkpoint directory, ``<storage_path>/<name>/checkpoints``, inside the training function
-    of [`ps_trainer`][ray_tfrecord.tf.ps_trainer]: where ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` keeps what a
-    restarted cluster resumes from."""
+    of [`ps_trainer`][ray_tfrecord.tf.ps_trainer]: where ``BackupAndRestore`` or a
+    ``tf.train.CheckpointManager`` keeps what a restarted cluster resumes from."""
     path = os.environ.get(CHECKPOINT_DIR_ENV)
     if not path:
         raise ValueError("ps_checkpoint_dir(): this is not the training function of a ps_trainer run; call it "
@@ -116,8 +116,9 @@ def ps_trainer(
         train_loop: Runs once, on the chief, with ``train_loop_config`` (if it takes an argument), its
             ``TF_CONFIG`` set: build ``tf.distribute.experimental.ParameterServerStrategy(
             tf.distribute.cluster_resolver.TFConfigClusterResolver())`` and train (tf-keras ``fit`` or a
-            ``ClusterCoordinator`` loop), restoring from [`ps_checkpoint_dir`][ray_tfrecord.tf.ps_checkpoint_dir].  Its return value
-            (picklable) is the result's ``metrics``.
+            ``ClusterCoordinator`` loop), restoring from
+            [`ps_checkpoint_dir`][ray_tfrecord.tf.ps_checkpoint_dir].  Its return value (picklable) is the
+            result's ``metrics``.
         num_workers: Worker tasks: each runs the steps the coordinator sends it, on its own data.
         num_ps: Parameter servers, which hold the variables; spread over the nodes.
         train_loop_config: Passed to ``train_loop``.

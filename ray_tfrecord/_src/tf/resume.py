@@ -1,19 +1,19 @@
-"""A training feed that resumes mid-epoch: :class:`ResumableFeed`.
+"""A training feed that resumes mid-epoch: ``ResumableFeed``.
 
 Every row of each epoch reaches exactly one rank exactly once, counting the rows trained before and
 after a restart, whatever the worker count after it.  The epoch's order is a pure function of
-``seed`` and the epoch number (:mod:`ray_tfrecord._src.io.order`): a seeded permutation of record-exact
-splits (:mod:`ray_tfrecord._src.io.splits`), contiguous shares per rank, a seeded shuffle inside each
+``seed`` and the epoch number (``ray_tfrecord._src.io.order``): a seeded permutation of record-exact
+splits (``ray_tfrecord._src.io.splits``), contiguous shares per rank, a seeded shuffle inside each
 split.  The ranks step in lockstep, so the rows the group has trained after ``k`` steps are known
-on every rank: :meth:`ResumableFeed.save` writes that position into a checkpoint directory without
-gathering anything, and :meth:`ResumableFeed.load` continues from it.
-:class:`~ray_tfrecord._src.tf.checkpoint.ReportCheckpoint` does both for Keras ``fit``, in one ``fit``
-call across restarts (:meth:`ResumableFeed.run_until`).
+on every rank: ``ResumableFeed.save`` writes that position into a checkpoint directory without
+gathering anything, and ``ResumableFeed.load`` continues from it.
+``ReportCheckpoint`` does both for Keras ``fit``, in one ``fit``
+call across restarts (``ResumableFeed.run_until``).
 
 Splits are shuffled in blocks of ``mix`` splits taken at a stride over the files, so that batches
-of a dataset sorted by files mix (:func:`~ray_tfrecord._src.io.order.mix_blocks`).  A ``transform`` runs
-in the feed's Ray Data execution, one row out per row in (:mod:`ray_tfrecord._src.io.transforms`); each
-row carries a seed of its own (:data:`SEED_COLUMN`), the same whatever the group or resume point.
+of a dataset sorted by files mix (``mix_blocks``).  A ``transform`` runs
+in the feed's Ray Data execution, one row out per row in (``ray_tfrecord._src.io.transforms``); each
+row carries a seed of its own (``SEED_COLUMN``), the same whatever the group or resume point.
 
 Each element is ``(features, label, weight)``: ``weight`` (float32, one per row) is 0 on padding
 rows, which fill the last step of a rank whose share is short (equal batches on every rank keep
@@ -21,11 +21,11 @@ TensorFlow's collectives in step) and must not count: pass it as Keras's ``sampl
 does, given a 3-tuple) or multiply a custom loop's per-row loss by it.
 
 The reads are Ray tasks, each a run of consecutive pieces of about 16 MB, fetched in order, and the
-Arrow batches become tensors as :func:`~ray_tfrecord._src.tf.feed.tf_dataset` makes them.  Without a
+Arrow batches become tensors as ``tf_dataset`` makes them.  Without a
 transform they are plain tasks, ``_TASKS_AHEAD`` in flight beyond the one being fed; with one, each
 epoch is a Ray Data execution (``map_batches``, the transform's resources and actor pools), whose
 first batch takes seconds.  Since the next epoch's rows are known, its reads start on a thread while
-the current epoch's last quarter is fed, and a :meth:`ResumableFeed.load` that moves the position
+the current epoch's last quarter is fed, and a ``ResumableFeed.load`` that moves the position
 drops them.
 """
 
@@ -67,30 +67,33 @@ _OWN_OPTIONS = ("fn", "fn_args", "fn_kwargs", "fn_constructor_args")
 
 @public("ray_tfrecord.tf")
 class ResumableFeed:
-    """This rank's batches of a :class:`~ray_tfrecord._src.io.splits.SplitPlan`, epoch after epoch,
+    """This rank's batches of a [`SplitPlan`][ray_tfrecord.tf.SplitPlan], epoch after epoch,
     resumable at any completed step.
 
     Args:
-        plan: The dataset's splits (:func:`~ray_tfrecord._src.io.splits.plan_splits`, on the driver; the
+        plan: The dataset's splits ([`plan_splits`][ray_tfrecord.tf.plan_splits], on the driver; the
             plan travels in ``train_loop_config``).  Every rank must get the same plan.
-        feature_columns, label_columns: Column names, as for :func:`~ray_tfrecord._src.tf.feed.tf_dataset`;
-            a label is needed since elements carry sample weights.
+        feature_columns: The model's input column(s), as for [`tf_dataset`][ray_tfrecord.tf.tf_dataset].
+        label_columns: Label column(s), as for ``tf_dataset``; needed, since elements carry sample
+            weights.
         batch_size: Rows per element from this rank (the global batch under
             ``MultiWorkerMirroredStrategy``, as for ``tf_dataset``).
         seed: Fixes every epoch's order: the same seed gives each rank the same rows in the same order.
         shuffle: Shuffle rows inside each split (seeded); the split order is always seeded.
         defaults: Values for null rows, as for ``tf_dataset``.
-        rank, world_size: This rank and the group's size; by default Ray Train's (0 and 1 outside it).
+        rank: This rank; by default Ray Train's (0 outside it).
+        world_size: The group's size; by default Ray Train's (1 outside it).
         tf_prefetch: Batches TensorFlow keeps ready ahead of the training step.
-        mix: Splits whose rows are shuffled together (a *block*, taken at a stride over the files,
-            :func:`~ray_tfrecord._src.io.order.mix_blocks`), so that the batches of a dataset sorted by
+        mix: Splits whose rows are shuffled together (a *block*, taken at a stride over the files),
+            so that the batches of a dataset sorted by
             files mix; a read task holds a block decoded (``mix`` times the plan's ``split_bytes``).
             ``1``: each split alone.  Only with ``shuffle``.
         transform: Preprocessing run in the feed's Ray Data execution (``map_batches``): a function of
             a batch, or a callable class (Ray runs its instances on an actor pool: give
             ``transform_options={"concurrency": n}`` or ``compute=``).  Each batch carries
-            :data:`SEED_COLUMN` (``uint64``, the row's seed: the same for a row of an epoch whatever
-            the group size or resume point) and :data:`WEIGHT_COLUMN`; the transform returns the same
+            [`SEED_COLUMN`][ray_tfrecord.SEED_COLUMN] (``uint64``, the row's seed: the same for a row of
+            an epoch whatever the group size or resume point) and
+            [`WEIGHT_COLUMN`][ray_tfrecord.WEIGHT_COLUMN]; the transform returns the same
             rows in the same order, with any columns added, replaced or dropped except those two.
         transform_options: ``map_batches`` keywords for ``transform``: ``batch_format`` (``"pyarrow"``
             by default), ``batch_size``, ``num_cpus``, ``num_gpus``, ``concurrency`` / ``compute``,
@@ -149,14 +152,16 @@ class ResumableFeed:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next pass over :meth:`dataset` feeds (or the one being fed)."""
+        """The epoch the next pass over [`dataset`][ray_tfrecord.tf.ResumableFeed.dataset] feeds (or the one
+        being fed)."""
         return self._current[0][0].epoch if self._current else self._next.epoch
 
     def dataset(self) -> tf.data.Dataset:
         """Elements ``(features, label, weight)``; each pass (each new iterator, as Keras makes
-        per epoch) feeds the next epoch, the first one from the position :meth:`load` set (after
-        :meth:`run_until`, a whole epoch's steps across epoch ends).  With a transform, its first
-        table is read here: the feed's columns are what the transform returns."""
+        per epoch) feeds the next epoch, the first one from the position
+        [`load`][ray_tfrecord.tf.ResumableFeed.load] set (after
+        [`run_until`][ray_tfrecord.tf.ResumableFeed.run_until], a whole epoch's steps across epoch ends).
+        With a transform, its first table is read here: the feed's columns are what the transform returns."""
         if self._plans is None:
             batching = Batching(self.batch_size, self._fetch_rows())
             # The reads stop at that table: a Ray Data execution kept for the first pass would hold
@@ -178,8 +183,9 @@ class ResumableFeed:
     def run_until(self, epochs: int) -> None:
         """Make every pass a whole epoch's steps, continuing across epoch ends, and the last one end
         at the start of epoch ``epochs``: Keras ``fit`` keeps its first epoch's step count, so a
-        resumed, shorter epoch would cut every later one short.  :class:`~ray_tfrecord._src.tf.checkpoint.
-        ReportCheckpoint` calls it with ``fit``'s ``epochs`` and stops ``fit`` there."""
+        resumed, shorter epoch would cut every later one short.
+        [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint] calls it with ``fit``'s ``epochs`` and stops
+        ``fit`` there."""
         if epochs <= 0:
             raise ValueError(f"epochs must be positive, got {epochs}")
         self._until = epochs
@@ -204,8 +210,8 @@ class ResumableFeed:
         raise ValueError(f"{steps} steps past the end of this pass of {self.steps()} batches")
 
     def save(self, directory: str, steps: int | None, *, steps_per_batch: int = 1) -> None:
-        """Write :meth:`position` into ``directory`` (a checkpoint's, before ``ray.train.report``) as
-        :data:`FEED_FILE`.  Count only steps that completed: their rows count as trained."""
+        """Write [`position`][ray_tfrecord.tf.ResumableFeed.position] into ``directory`` (a checkpoint's,
+        before ``ray.train.report``) as ``feed.json``.  Count only steps that completed: their rows count as trained."""
         state = {"position": self.position(steps, steps_per_batch=steps_per_batch).to_json(), **self._identity()}
         with open(os.path.join(directory, FEED_FILE), "w") as f:
             json.dump(state, f)
@@ -373,7 +379,7 @@ def _rebatched(tables: Iterable[pa.Table], rows: int) -> Generator[pa.Table, Non
 
 
 def _unwrapped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
-    """``tables``, with a transform's :class:`TransformError` raised as itself: Ray Data hands it
+    """``tables``, with a transform's ``TransformError`` raised as itself: Ray Data hands it
     over as text inside two wrappers and their stack traces."""
     try:
         yield from tables
