@@ -15,8 +15,7 @@ first used. The TensorFlow side (feeds, the resumable feed, the trainer, inferen
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._src.core.codec import (
     BYTE_ARRAY_SCHEMA,
@@ -39,6 +38,7 @@ from ._src.core.errors import (
 )
 from ._src.core.framing import RecordWriter, iter_chunks, open_stream
 from ._src.core.options import RayTaskOptions
+from ._src.core.public import lazy_names
 from ._src.core.schema import infer_schema
 
 if TYPE_CHECKING:
@@ -51,18 +51,18 @@ if TYPE_CHECKING:
 
 # Ray loads only when a name that needs it is first used.
 _LAZY = {
-    "read_tfrecords": "._src.io.datasource",
-    "TFRecordDatasource": "._src.io.datasource",
-    "write_tfrecords": "._src.io.datasink",
-    "TFRecordDatasink": "._src.io.datasink",
-    "set_stall_timeout": "._src.io.progress",
-    "ImageTransform": "._src.io.images",
-    "ImageError": "._src.io.images",
+    "read_tfrecords": "ray_tfrecord._src.io.datasource",
+    "TFRecordDatasource": "ray_tfrecord._src.io.datasource",
+    "write_tfrecords": "ray_tfrecord._src.io.datasink",
+    "TFRecordDatasink": "ray_tfrecord._src.io.datasink",
+    "set_stall_timeout": "ray_tfrecord._src.io.progress",
+    "ImageTransform": "ray_tfrecord._src.io.images",
+    "ImageError": "ray_tfrecord._src.io.images",
     # The resumable feed's columns and its transform's error: a transform running on a node without
     # TensorFlow imports them from here.
-    "SEED_COLUMN": "._src.io.order",
-    "WEIGHT_COLUMN": "._src.io.transforms",
-    "TransformError": "._src.io.transforms",
+    "SEED_COLUMN": "ray_tfrecord._src.io.order",
+    "WEIGHT_COLUMN": "ray_tfrecord._src.io.transforms",
+    "TransformError": "ray_tfrecord._src.io.transforms",
 }
 
 __all__ = [
@@ -74,13 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -106,28 +106,13 @@ def elastic_loop(config):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
+    from tests.test_resume import linear_training
+
     feed = ResumableFeed(config["plan"], feature_columns=["id", "x"], label_columns="y", batch_size=BATCH, seed=5)
-    with strategy.scope():
-        dense = tf.keras.layers.Dense(1)
-        dense.build((None, 2))
-        optimizer = tf.keras.optimizers.SGD(0.1)
-    start, checkpoint = 0, ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            start = feed.load(directory)
-            dense.set_weights(np.load(os.path.join(directory, "weights.npy"), allow_pickle=True))
+    dense, train_step, start = linear_training(strategy, feed)
     if rank == 0:
         with open(_marker(config, "groups.txt"), "a") as f:
             f.write(f"{world}\n")
-
-    @tf.function
-    def train_step(x, y, w):
-        def replica(x, y, w):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / BATCH
-            optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
-
-        strategy.run(replica, args=(x, y, w))
 
     trained: list[str] = []
 

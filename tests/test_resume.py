@@ -328,14 +328,11 @@ def _die_once(config, rank: int, epoch: int, step: int) -> None:
     os._exit(1)
 
 
-def _custom_loop(config):
-    import tempfile
-
+def linear_training(strategy, feed):
+    """A linear model under ``strategy`` and its weighted step, restored from Ray Train's checkpoint (the
+    weights, and ``feed``'s position) when there is one: ``(dense, train_step, first epoch)``."""
     import ray.train
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    rank = ray.train.get_context().get_world_rank()
-    feed = _resumable(config)
     with strategy.scope():
         dense = tf.keras.layers.Dense(1)
         dense.build((None, 2))
@@ -350,10 +347,23 @@ def _custom_loop(config):
     def train_step(x, y, w):
         def replica(x, y, w):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / BATCH
+                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / feed.batch_size
             optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
 
         strategy.run(replica, args=(x, y, w))
+
+    return dense, train_step, start
+
+
+def _custom_loop(config):
+    import tempfile
+
+    import ray.train
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = ray.train.get_context().get_world_rank()
+    feed = _resumable(config)
+    dense, train_step, start = linear_training(strategy, feed)
 
     def report(epoch: int, steps: int | None) -> None:
         with tempfile.TemporaryDirectory() as directory:

@@ -17,12 +17,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import tempfile
 
 import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+import _example
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,16 +102,8 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="output directory (default: a new temporary one)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--min-accuracy", type=float, default=0.9)
-    args = parser.parse_args()
-    out = args.out or tempfile.mkdtemp(prefix="csv_impute_")
-
-    _quiet_tf.plain_log()
-    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
+    args = _example.flags(__doc__, epochs=15, min_accuracy=0.9).parse_args()
+    out = _example.start(args.out, "csv_impute")
     csv_path = os.path.join(out, "measurements.csv")
     columns = _write_csv_with_gaps(csv_path)
     raw = ray.data.read_csv(csv_path)
@@ -145,7 +136,7 @@ def main() -> None:
     ).fit()
     accuracy = result.metrics["val_accuracy"]
     print(f"test accuracy on imputed data: {accuracy:.4f} (metrics: {result.metrics})")
-    assert accuracy >= args.min_accuracy, f"test accuracy {accuracy:.4f} < {args.min_accuracy}"
+    _example.check("test accuracy", accuracy, args.min_accuracy)
 
 
 if __name__ == "__main__":

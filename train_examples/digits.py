@@ -28,13 +28,12 @@ On a multi-node cluster ``--out`` must be storage every node can reach.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import tempfile
 import time
 
 import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+import _example
 import numpy as np
 import pyarrow as pa
 import ray
@@ -103,22 +102,11 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="output directory (default: a new temporary one)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=15)
+    parser = _example.flags(__doc__, epochs=15, min_accuracy=0.95)
     parser.add_argument("--batch-size", type=int, default=64, help="global: split across the workers each step")
-    parser.add_argument("--min-accuracy", type=float, default=0.95)
     args = parser.parse_args()
-    out = args.out or tempfile.mkdtemp(prefix="digits_")
     started = time.monotonic()
-
-    _quiet_tf.plain_log()
-    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
-    # Ray Data's warnings, not its INFO lines (each dataset's plan and progress, a dozen lines a write):
-    # the example says what it did itself.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    ray.data.DataContext.get_current().print_on_execution_start = False
+    out = _example.start(args.out, "digits")
     digits = load_digits()
     ids = np.arange(len(digits.target))
     x_train, x_test, y_train, y_test, id_train, id_test = train_test_split(
@@ -175,7 +163,7 @@ def main() -> None:
     accuracy = float(np.mean(probs.argmax(axis=1) == table.column("label").to_numpy()))
     print(f"test accuracy: {accuracy:.4f} on {len(got_ids)} predictions written to {predictions_dir}")
     print(f"done in {time.monotonic() - started:.0f}s")
-    assert accuracy >= args.min_accuracy, f"test accuracy {accuracy:.4f} < {args.min_accuracy}"
+    _example.check("test accuracy", accuracy, args.min_accuracy)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,11 @@ On a multi-node cluster ``--out`` must be storage every node can reach.
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
 import time
 
 import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+import _example
 import numpy as np
 import pyarrow as pa
 import ray
@@ -97,19 +96,12 @@ def train(config: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="output directory (default: a new temporary one)")
-    parser.add_argument("--workers", type=int, default=2)
+    parser = _example.flags(__doc__, epochs=15, min_accuracy=0.95)
     parser.add_argument("--ps", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker step")
-    parser.add_argument("--min-accuracy", type=float, default=0.95)
     args = parser.parse_args()
-    out = args.out or tempfile.mkdtemp(prefix="digits_ps_")
     started = time.monotonic()
-
-    _quiet_tf.plain_log()
-    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
+    out = _example.start(args.out, "digits_ps")
     digits = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(digits.data, digits.target, test_size=0.2,
                                                         stratify=digits.target, random_state=0)
@@ -137,7 +129,7 @@ def main() -> None:
           f"{result.failures} restart(s)")
     print(f"test accuracy: {accuracy:.4f} on {len(y_test)} test digits; model at {os.path.join(out, 'model.keras')}")
     print(f"done in {time.monotonic() - started:.0f}s")
-    assert accuracy >= args.min_accuracy, f"test accuracy {accuracy:.4f} < {args.min_accuracy}"
+    _example.check("test accuracy", accuracy, args.min_accuracy)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ On a multi-node cluster ``--out`` must be storage every node can reach.
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
 import time
 
 import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
-import ray
+import _example
 from imagenet_like import CLASSES, write_image_set
 
 _quiet_tf.install()
@@ -67,24 +65,19 @@ def _from_one(label):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="output directory (default: a new temporary one)")
+    parser = _example.flags(__doc__, epochs=4, min_accuracy=None, workers=False,
+                            min_accuracy_help="fail below this (default 0.9; --fast: 0.5, chance is 0.25)")
     parser.add_argument("--images", type=int, default=2000, help="training images")
-    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--size", type=int, default=96, help="the crops' height and width")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--min-accuracy", type=float, help="fail below this (default 0.9; --fast: 0.5, chance is 0.25)")
     parser.add_argument("--fast", action="store_true", help="240 images, 3 epochs at 48x48 (for tests)")
     args = parser.parse_args()
     if args.fast:
         args.images, args.epochs, args.size, args.batch_size = 240, 3, 48, 32
     if args.min_accuracy is None:
         args.min_accuracy = 0.5 if args.fast else 0.9
-    out = args.out or tempfile.mkdtemp(prefix="images_cnn_")
     started = time.monotonic()
-
-    _quiet_tf.plain_log()
-    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
+    out = _example.start(args.out, "images_cnn")
     train_dir, val_dir = os.path.join(out, "train"), os.path.join(out, "validation")
     write_image_set(train_dir, args.images, files=4, seed=0)
     val_images = max(args.images // 4, 64)
@@ -123,7 +116,7 @@ def main() -> None:
     _, accuracy = model.evaluate(val_feed, steps=-(-val_images // args.batch_size), verbose=0)
     print(f"validation accuracy: {accuracy:.4f}; training fed {images_per_s:,.0f} images/s "
           f"(decode, crop, flip and resize in Ray Data); done in {time.monotonic() - started:.0f}s")
-    assert accuracy >= args.min_accuracy, f"validation accuracy {accuracy:.4f} < {args.min_accuracy}"
+    _example.check("validation accuracy", accuracy, args.min_accuracy)
 
 
 if __name__ == "__main__":

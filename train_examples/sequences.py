@@ -15,11 +15,10 @@ classifies.  Validation runs on every worker each epoch, in step.
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
 
 import _quiet_tf  # before anything imports TensorFlow: hides its start-up banners
+import _example
 import numpy as np
 import pyarrow as pa
 import ray
@@ -90,16 +89,8 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="output directory (default: a new temporary one)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--min-accuracy", type=float, default=0.9)
-    args = parser.parse_args()
-    out = args.out or tempfile.mkdtemp(prefix="sequences_")
-
-    _quiet_tf.plain_log()
-    ray.init(runtime_env=_quiet_tf.ray_runtime_env())
+    args = _example.flags(__doc__, epochs=8, min_accuracy=0.9).parse_args()
+    out = _example.start(args.out, "sequences")
     for name, rows, seed in [("train", 4000, 0), ("valid", 1000, 1)]:
         ray_tfrecord.write_tfrecords(
             ray.data.from_arrow(_sequences(rows, seed)),
@@ -121,7 +112,7 @@ def main() -> None:
     ).fit()
     accuracy = result.metrics["val_accuracy"]
     print(f"validation accuracy after {args.epochs} epochs: {accuracy:.4f} (metrics: {result.metrics})")
-    assert accuracy >= args.min_accuracy, f"validation accuracy {accuracy:.4f} < {args.min_accuracy}"
+    _example.check("validation accuracy", accuracy, args.min_accuracy)
 
 
 if __name__ == "__main__":

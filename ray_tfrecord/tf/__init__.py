@@ -24,11 +24,11 @@ costs TensorFlow's and nothing more.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # TensorFlow, imported plainly; without it an ImportError names the tf extra.
 import ray_tfrecord._src.tf  # noqa: F401
+from ray_tfrecord._src.core.public import lazy_names
 
 if TYPE_CHECKING:
     from ray_tfrecord._src.io.splits import SplitPlan, plan_splits
@@ -69,14 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

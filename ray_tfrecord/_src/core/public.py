@@ -8,12 +8,13 @@ pickle by reference still finds the object. ``SplitPlan`` and ``plan_splits`` ke
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, TypeVar
+from collections.abc import Callable, Mapping
+from importlib import import_module
+from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["public"]
+__all__ = ["lazy_names", "public"]
 
 
 def public(namespace: Literal["ray_tfrecord", "ray_tfrecord.tf"]) -> Callable[[T], T]:
@@ -24,3 +25,21 @@ def public(namespace: Literal["ray_tfrecord", "ray_tfrecord.tf"]) -> Callable[[T
         return obj
 
     return mark
+
+
+def lazy_names(namespace: str, modules: Mapping[str, str],
+               scope: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A namespace's ``__getattr__`` and ``__dir__`` (PEP 562): each name of ``modules`` (name -> the
+    module that defines it) is imported when first used and kept in ``scope``, the namespace's globals,
+    whose ``__all__`` ``dir()`` lists too."""
+
+    def getattr_(name: str) -> Any:
+        if name not in modules:
+            raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+        value = scope[name] = getattr(import_module(modules[name]), name)
+        return value
+
+    def dir_() -> list[str]:
+        return sorted({*scope, *scope["__all__"]})
+
+    return getattr_, dir_

@@ -1,7 +1,6 @@
 """The staged, all-or-nothing commit of a TFRecord write, on any ``pyarrow.fs`` filesystem.
 
-This module imports no Ray: ``Commit`` is the protocol alone, driven by the Ray datasink
-(``ray_tfrecord._src.io.datasink``) and testable on a local directory.
+This module imports no Ray: ``Commit`` is the protocol alone, driven by the datasink, testable on a local disk.
 
 What a concurrent reader sees:
 
@@ -50,7 +49,7 @@ Example (``staged`` and ``schemas`` are what the writers report)::
     >>> commit = Commit(pafs.LocalFileSystem(), "/tmp/words", "overwrite")  # doctest: +SKIP
     >>> if not commit.apply_mode():  # False: go ahead; True: mode="ignore" found data  # doctest: +SKIP
     ...     commit.start()
-    ...     ...  # write files under commit.staging, one StagedFile each
+    ...     ...  # write files under commit.write_dir, one StagedFile each
     ...     result = commit.finish(staged, schemas)
 """
 
@@ -108,16 +107,14 @@ _OVERWRITE = "_overwrite"
 
 
 def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
-    """The start of every file name a write task uses under checkpointing; Ray's recovery deletes the files
-    whose names start with a pending record's base, so no other task's name may start with it (the ``-``
-    after the task number)."""
+    """The start of every file name a write task uses under checkpointing; Ray's recovery deletes the files whose
+    names start with a pending record's base, so no other task's may (the ``-`` after the task number)."""
     return f"part-{task_idx:05d}-{write_uuid}"
 
 
 @dataclass(frozen=True)
 class TFRecordWriteResult:
-    """What a write produced. ``files`` are the final paths of the data files
-    (empty when ``mode="ignore"`` skipped the write)."""
+    """What a write produced: ``files``, the final paths of its data files (none when ``mode="ignore"`` skipped it)."""
 
     num_rows: int
     files: list[str] = field(default_factory=list)
@@ -141,16 +138,14 @@ class StagedFile(NamedTuple):
 
 
 def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> None:
-    """Create directory ``path`` and its parents, except on an object store: there directories do
-    not exist, and creating marker objects only costs requests (and IAM permissions on parent
-    prefixes)."""
+    """Create directory ``path`` and its parents, except on an object store: there directories do not exist,
+    and creating marker objects only costs requests (and IAM permissions on parent prefixes)."""
     if not object_store:
         filesystem.create_dir(path, recursive=True)
 
 
 def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
-    """Whether ``path`` holds data: a file, or a directory with anything besides ``_temporary`` and a
-    manifest (an object store's; see ``Commit.has_data``)."""
+    """Whether ``path`` holds data: a file, or a directory with more than ``_temporary`` and a manifest."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
         return True
@@ -170,8 +165,7 @@ class Commit:
             ``"append"`` or ``"ignore"``.
         underlying: The filesystem ``filesystem`` wraps, to tell a local disk and an object store
             apart; ``filesystem`` itself when absent.
-        caller_names: Whether the caller names the files (a ``FilenameProvider``): on an object store
-            they are then staged and checked first, since the names could clash.
+        caller_names: Whether the caller names the files (a ``FilenameProvider``): staged, as they could clash.
 
     The object is pickled into the writers along with the datasink; only ``staging``,
     ``object_store`` and ``filesystem`` matter there.
@@ -185,8 +179,7 @@ class Commit:
         base = filesystem if underlying is None else underlying
         #: Whether ``filesystem`` is S3 or GCS: no directories, a move is a copy; commits by manifest.
         self.object_store = is_object_store(base)
-        #: Whether write tasks write files at their final paths (object stores, unless the caller names
-        #: the files).
+        #: Whether write tasks write files at their final paths (object stores, unless the caller names them).
         self.direct = self.object_store and not caller_names
         self._local = isinstance(base, pafs.LocalFileSystem)
         #: This write's id, in the names of the files written directly.
@@ -205,8 +198,7 @@ class Commit:
 
     @property
     def write_dir(self) -> str:
-        """Where write tasks put their files: the dataset directory when they write directly, else the
-        staging directory."""
+        """Where write tasks put their files: the dataset directory, or the staging directory."""
         return self.path if self.direct else self.staging
 
     def use_checkpoint(self, checkpoint_path: str, *, started: bool) -> None:
