@@ -258,17 +258,6 @@ def report(name: str, ids: list[int], rows: list[dict], killed: list[dict], reru
 # -- the faults ----------------------------------------------------------------------------
 
 
-def test_killed_during_a_write_task(ray_local, tmp_path):
-    """Partitioned and gzip-compressed; killed while a write task is staging; rerun on 1 CPU."""
-    ids = write_source(tmp_path / "src")
-    options = {"mode": "append", "partition_cols": ["bucket"], "compression": "gzip"}
-    run_job(tmp_path, {**options, "num_cpus": 2}, fault="write")
-    killed = check_readers_see_whole_files(tmp_path / "out", ids)
-    rerun = run_job(tmp_path, {**options, "num_cpus": 1})
-    report("during a write task (partitioned, gzip; rerun 1 CPU)", ids,
-           check_complete(tmp_path / "out", ids, compressed=True, partitioned=True), killed, rerun)
-
-
 def test_killed_between_files_and_checkpoint_record(ray_local, tmp_path):
     """``overwrite`` over an older dataset, files cut by ``max_rows_per_file`` and gathered by
     ``min_rows_per_file``; killed with a task's files in place and its ids still pending. The rerun
@@ -304,12 +293,13 @@ def test_killed_in_the_final_commit(ray_local, tmp_path):
 
 
 def test_killed_twice_in_a_row(ray_local, tmp_path):
-    """Default ``mode="error"`` into a new directory: killed with files in place, killed again while the
-    rerun is writing, then run to completion."""
+    """Default ``mode="error"`` into a new directory, partitioned and gzip-compressed: killed with files in
+    place, killed again while a write task of the rerun (on 1 CPU) is staging, then run to completion."""
     ids = write_source(tmp_path / "src")
-    run_job(tmp_path, {"num_cpus": 2}, fault="published")
-    run_job(tmp_path, {"num_cpus": 1}, fault="write")
+    options = {"partition_cols": ["bucket"], "compression": "gzip"}
+    run_job(tmp_path, {**options, "num_cpus": 2}, fault="published")
+    run_job(tmp_path, {**options, "num_cpus": 1}, fault="write")
     killed = check_readers_see_whole_files(tmp_path / "out", ids)
-    rerun = run_job(tmp_path, {"num_cpus": 2})
-    report("twice in a row (published, then write; reruns 1 and 2 CPUs)", ids, check_complete(tmp_path / "out", ids),
-           killed, rerun)
+    rerun = run_job(tmp_path, {**options, "num_cpus": 2})
+    report("twice in a row (partitioned, gzip; published, then write; reruns 1 and 2 CPUs)", ids,
+           check_complete(tmp_path / "out", ids, compressed=True, partitioned=True), killed, rerun)

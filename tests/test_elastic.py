@@ -100,16 +100,41 @@ def _choreography(config, rank: int, world: int, epoch: int, step: int) -> None:
         time.sleep(600)
 
 
+def _linear_training(strategy, feed):
+    """A linear model under ``strategy`` and its weighted step, restored from Ray Train's checkpoint (the
+    weights, and ``feed``'s position) when there is one: ``(dense, train_step, first epoch)``."""
+    import ray.train
+
+    with strategy.scope():
+        dense = tf.keras.layers.Dense(1)
+        dense.build((None, 2))
+        optimizer = tf.keras.optimizers.SGD(0.1)
+    start, checkpoint = 0, ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            start = feed.load(directory)
+            dense.set_weights(np.load(os.path.join(directory, "weights.npy"), allow_pickle=True))
+
+    @tf.function
+    def train_step(x, y, w):
+        def replica(x, y, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / feed.batch_size
+            optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
+
+        strategy.run(replica, args=(x, y, w))
+
+    return dense, train_step, start
+
+
 def elastic_loop(config):
     import ray.train
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    from tests.test_resume import linear_training
-
     feed = ResumableFeed(config["plan"], feature_columns=["id", "x"], label_columns="y", batch_size=BATCH, seed=5)
-    dense, train_step, start = linear_training(strategy, feed)
+    dense, train_step, start = _linear_training(strategy, feed)
     if rank == 0:
         with open(_marker(config, "groups.txt"), "a") as f:
             f.write(f"{world}\n")

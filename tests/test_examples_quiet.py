@@ -60,25 +60,3 @@ def readable_log_problems(log: str, max_lines: int) -> list[str]:
     problems += [f"warning: {line!r}" for line in lines if re.search(r"\w+Warning: ", line)]
     problems += [f"TensorFlow banner: {line!r}" for line in lines if any(b in line for b in BANNERS)]
     return problems
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_digits_demo_log_is_readable(tmp_path):
-    """The demo as a user captures it (``python train_examples/digits.py > demo.log 2>&1``), two
-    epochs instead of fifteen: every epoch adds three plain lines (two workers' reports, one read), no
-    progress bar, so that the fifteen epochs of ``make demo`` stay under 120 lines."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_COLOR_PREFIX")}
-    env["RAY_ADDRESS"] = "local"
-    log_path = tmp_path / "demo.log"
-    with open(log_path, "w") as log:
-        run = subprocess.run(
-            [sys.executable, str(EXAMPLES / "digits.py"), "--out", str(tmp_path / "out"), "--epochs", "2",
-             "--min-accuracy", "0"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, timeout=800,
-        )
-    log = log_path.read_text()
-    assert run.returncode == 0, log[-5000:]
-    assert "test accuracy: " in log and "model in " in log
-    assert readable_log_problems(log, max_lines=120 - 13 * 3) == []
-

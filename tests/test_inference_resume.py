@@ -103,7 +103,8 @@ def output_rows(out: Path, output_format: str) -> dict[str, list[dict]]:
     return files
 
 
-@pytest.mark.parametrize("output_format", ["tfrecord", "parquet"])
+# TFRecord output: test_stalls.py's killed rerun (with the default num_cpus) and docs/restartable-batch-jobs.md.
+@pytest.mark.parametrize("output_format", ["parquet"])
 def test_killed_inference_resumes_with_every_key_once(source, tmp_path, output_format):
     root, expected = source
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"

@@ -177,11 +177,11 @@ def test_digits_demo_runs_as_a_job(head):
     accuracy = float(re.search(r"test accuracy: ([0-9.]+) on (\d+) predictions", output).group(1))
     assert accuracy >= 0.95
     assert re.search(r"on 360 predictions", output)
-    # The job's log (all fifteen epochs) as `ray job submit` tails it, between its own lines,
-    # which Ray's job CLI colours whatever its output is.
+    # The job's log (all fifteen epochs) as `ray job submit` tails it, between its own lines, which Ray's
+    # job CLI colours whatever its output is: what `make demo` prints too, with Ray's job lines around it.
     tailed = output.split("Tailing logs until the job exits (disable with --no-wait):\n", 1)[1]
     job_log = re.split(r"^.*-{20,}.*\n.*Job '\S+' succeeded", tailed, maxsplit=1, flags=re.M)[0]
-    assert "test accuracy: " in job_log
+    assert "test accuracy: " in job_log and "model in " in job_log
     assert readable_log_problems(job_log, max_lines=120) == []
 
 

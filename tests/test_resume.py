@@ -328,64 +328,6 @@ def _die_once(config, rank: int, epoch: int, step: int) -> None:
     os._exit(1)
 
 
-def linear_training(strategy, feed):
-    """A linear model under ``strategy`` and its weighted step, restored from Ray Train's checkpoint (the
-    weights, and ``feed``'s position) when there is one: ``(dense, train_step, first epoch)``."""
-    import ray.train
-
-    with strategy.scope():
-        dense = tf.keras.layers.Dense(1)
-        dense.build((None, 2))
-        optimizer = tf.keras.optimizers.SGD(0.1)
-    start, checkpoint = 0, ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            start = feed.load(directory)
-            dense.set_weights(np.load(os.path.join(directory, "weights.npy"), allow_pickle=True))
-
-    @tf.function
-    def train_step(x, y, w):
-        def replica(x, y, w):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(w * (tf.squeeze(dense(x), 1) - y) ** 2) / feed.batch_size
-            optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
-
-        strategy.run(replica, args=(x, y, w))
-
-    return dense, train_step, start
-
-
-def _custom_loop(config):
-    import tempfile
-
-    import ray.train
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    rank = ray.train.get_context().get_world_rank()
-    feed = _resumable(config)
-    dense, train_step, start = linear_training(strategy, feed)
-
-    def report(epoch: int, steps: int | None) -> None:
-        with tempfile.TemporaryDirectory() as directory:
-            feed.save(directory, steps)
-            np.save(os.path.join(directory, "weights.npy"), np.array(dense.get_weights(), dtype=object))
-            ray.train.report({"epoch": epoch}, checkpoint=ray.train.Checkpoint.from_directory(directory)
-                             if rank == 0 else None)
-
-    flush, pending = _ids_log(config, rank), []
-    for epoch in range(start, EPOCHS):
-        for step, (x, y, w) in enumerate(feed.dataset(), 1):
-            _die_once(config, rank, epoch, step)
-            train_step(x["x"], y, w)
-            kept = w.numpy() > 0
-            pending += zip(x["id"].numpy()[kept].tolist(), x["noise"].numpy()[kept].tolist(), strict=True)
-            if step % EVERY == 0:
-                report(epoch, step)
-                flush(pending, epoch)
-        report(epoch, None)
-        flush(pending, epoch)
-
-
 class _IdModel(tf.keras.Model):
     """One Dense layer on ``x``; its train step also hands ``note`` the (id, noise) it trains on (weight > 0)."""
 
@@ -487,8 +429,9 @@ def _uninterrupted(plan, world: int) -> dict[tuple[int, int], list[tuple[int, fl
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("loop", "die_epoch", "die_at"), [(_custom_loop, 1, 7), (_keras_loop, 0, 11)],
-                         ids=["custom_loop", "one_keras_fit"])
+# A custom loop's resume, a node's loss and a group of another size mid-epoch: test_elastic.py (its group
+# loses a node mid-epoch, then grows back).
+@pytest.mark.parametrize(("loop", "die_epoch", "die_at"), [(_keras_loop, 0, 11)], ids=["one_keras_fit"])
 def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, tmp_path, loop, die_epoch, die_at):
     """The rows after the restart, and their augmentation, are those of an uninterrupted run; one ``fit``
     resumes inside epoch 0, so its Keras epochs then cross the feed's."""
@@ -498,78 +441,3 @@ def test_a_killed_worker_resumes_mid_epoch_and_trains_each_row_once(ray_local, t
     _train(loop, config, tmp_path, workers=2, max_failures=1)
     _trained_once_per_epoch(tmp_path / "log")
     assert _logged(tmp_path / "log") == _uninterrupted(plan, 2)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_group_of_another_size_continues_the_epoch(ray_local, tmp_path):
-    plan = plan_splits(_write_tf(tmp_path / "tf"), schema=SCHEMA, split_bytes=2048)
-    (tmp_path / "log").mkdir()
-    config = {"plan": plan, "log": str(tmp_path / "log"), "die_at": 7}
-    with pytest.raises(Exception):  # noqa: B017, PT011  (Ray Train's error type varies by version)
-        _train(_custom_loop, config, tmp_path, workers=2, max_failures=0)
-    _train(_custom_loop, config, tmp_path, workers=1, max_failures=0)  # same name: resumes
-    _trained_once_per_epoch(tmp_path / "log")
-
-
-_CLUSTER = """
-import os, sys, time
-import ray
-from ray.cluster_utils import Cluster
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.tensorflow import TensorflowTrainer
-
-from ray_tfrecord._src.io.splits import plan_splits
-from ray_tfrecord._src.tf.train import WORKER_ENV_VARS
-from tests.test_resume import SCHEMA, _custom_loop
-
-tmp = sys.argv[1]
-# One training worker per node ("slot"), a spare node for the restart, none on the head; each node
-# keeps a whole CPU for read tasks (they ask for 1).
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-nodes = [cluster.add_node(num_cpus=2, resources={"slot": 1}) for _ in range(3)]
-ray.init(address=cluster.address, log_to_driver=False)
-plan = plan_splits(os.path.join(tmp, "tf"), schema=SCHEMA, split_bytes=2048)
-config = {"plan": plan, "log": os.path.join(tmp, "log"), "die_at": 7, "node_dies": True}
-env = {**WORKER_ENV_VARS, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
-trainer = TensorflowTrainer(
-    _custom_loop, train_loop_config=config,
-    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "slot": 1}),
-    run_config=RunConfig(storage_path=os.path.join(tmp, "runs"), name="node",
-                         failure_config=FailureConfig(max_failures=1), worker_runtime_env={"env_vars": env}))
-
-
-def remove_when_reached():
-    marker = os.path.join(tmp, "log", "died")
-    while not os.path.exists(marker) or not open(marker).read():
-        time.sleep(0.2)
-    time.sleep(5)  # Ray Train takes the step-4 report on its next poll (2 s)
-    doomed = next(n for n in nodes if n.node_id == open(marker).read())
-    cluster.remove_node(doomed, allow_graceful=False)
-
-
-import threading
-threading.Thread(target=remove_when_reached, daemon=True).start()
-trainer.fit()
-ray.shutdown()
-cluster.shutdown()
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_removed_node_resumes_mid_epoch(tmp_path):
-    """A simulated cluster, one training worker on each of two nodes and a spare; the node of rank 1
-    is removed at step 7 of epoch 1. Its own Ray cluster, so in a process of its own."""
-    import subprocess
-    import sys
-
-    _write_tf(tmp_path / "tf")
-    (tmp_path / "log").mkdir()
-    (tmp_path / "cluster.py").write_text(_CLUSTER)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), "RAY_ADDRESS": ""}
-    run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(tmp_path)], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=850)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
-    _trained_once_per_epoch(tmp_path / "log")
