@@ -447,7 +447,8 @@ def read_tfrecords(
         override_num_blocks = default_read_tasks(size, compat.data_context().target_max_block_size)
     given = dict(override_num_blocks=override_num_blocks, concurrency=concurrency, compute=compute,
                  ray_remote_args=ray_remote_args, **task_options)
-    progress.preflight("read_tfrecords", [], task_cpus=task_options.get("num_cpus", progress.TASK_CPUS))
+    cpus = task_options.get("num_cpus")  # None, as Ray's own keywords take it: not given
+    progress.preflight("read_tfrecords", [], task_cpus=progress.TASK_CPUS if cpus is None else cpus)
     return ray.data.read_datasource(datasource, **compat.ray_call_args(ray.data.read_datasource, given))
 
 
