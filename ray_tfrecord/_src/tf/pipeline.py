@@ -36,6 +36,7 @@ _VAR_BYTES = 64
 # dragged a 32-float column through a copy per fetch (make bench, resume section: 7% of a rank).
 _ALONE_ROW_BYTES = 32
 
+
 def _row_bytes(plan: ColumnPlan) -> int:
     """Bytes one row of ``plan``'s column takes: exact for dense numeric tensors, a guess otherwise."""
     if plan.ragged_rank or plan.dtype == tf.string:
