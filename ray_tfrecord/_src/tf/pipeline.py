@@ -162,7 +162,6 @@ def _options() -> tf.data.Options:
     return options
 
 
-
 def table_batches(
     tables: Callable[[], Iterable[pa.Table]],
     plans: Mapping[str, ColumnPlan],
