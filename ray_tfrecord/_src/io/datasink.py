@@ -409,8 +409,7 @@ def write_tfrecords(
         allow_float64_narrowing=allow_float64_narrowing,
         allow_decimal_narrowing=allow_decimal_narrowing,
     )
-    given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args,
-                 **task_options)
+    given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args, **task_options)
     if sink.prepare(ds):
         return _result(sink)
     try:

@@ -55,11 +55,16 @@ class Batching:
 
     @classmethod
     def fitting(cls, plans: Iterable[ColumnPlan], batch_size: int, shuffle_buffer: int | None = None) -> Batching:
-        """Fetches of about ``_FETCH_BYTES``, within Ray's local shuffle buffer, which
-        cannot hand out more rows than it holds."""
-        rows = min(_FETCH_ROWS, _FETCH_BYTES // max(sum(_row_bytes(p) for p in plans), 1))
-        if shuffle_buffer is not None:
-            rows = min(rows, shuffle_buffer)
+        """Fetches of about ``_FETCH_BYTES`` of the planned tensors, within Ray's local shuffle buffer,
+        which cannot hand out more rows than it holds."""
+        return cls.of_rows(batch_size, sum(_row_bytes(p) for p in plans), shuffle_buffer)
+
+    @classmethod
+    def of_rows(cls, batch_size: int, row_bytes: int, cap: int | None = None) -> Batching:
+        """Fetches of about ``_FETCH_BYTES`` of rows of ``row_bytes`` each, at most ``cap`` rows (but one batch)."""
+        rows = min(_FETCH_ROWS, _FETCH_BYTES // max(row_bytes, 1))
+        if cap is not None:
+            rows = min(rows, cap)
         return cls(batch_size, max(batch_size, rows - rows % batch_size))
 
     def batches_in(self, rows: int, *, drop_last: bool) -> int:

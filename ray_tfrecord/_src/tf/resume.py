@@ -163,7 +163,9 @@ class ResumableFeed:
         [`run_until`][ray_tfrecord.tf.ResumableFeed.run_until], a whole epoch's steps across epoch ends).
         With a transform, its first table is read here: the feed's columns are what the transform returns."""
         if self._plans is None:
-            batching = Batching(self.batch_size, self._fetch_rows())
+            # The transform's columns are not known yet: fetches sized by the rows as stored.
+            stored_row_bytes = sum(s.size for s in self.plan.splits) // max(1, self.plan.rows)
+            batching = Batching.of_rows(self.batch_size, stored_row_bytes)
             # The reads stop at that table: a Ray Data execution kept for the first pass would hold
             # its actors' CPUs meanwhile, and another feed of the process, reading first, could wait
             # for them forever (two feeds on a cluster without a spare CPU).
@@ -255,12 +257,6 @@ class ResumableFeed:
             segments.append((position, assignment, take))
             position, left = position.after(assignment, take, self.batch_size), left - take
         return segments
-
-    def _fetch_rows(self) -> int:
-        """Rows per fetch before the transform's columns are known: about 16 MiB as stored."""
-        row_bytes = sum(s.size for s in self.plan.splits) // max(1, self.plan.rows)
-        rows = max(self.batch_size, min(4096, (16 << 20) // max(1, row_bytes)))
-        return rows - rows % self.batch_size
 
     def _pass_tables(self, fetch_rows: int) -> Iterator[pa.Table]:
         """One pass, read in order, the reads of each epoch it takes steps of started apart; once a
