@@ -38,7 +38,7 @@ from ._src.core.errors import (
 )
 from ._src.core.framing import RecordWriter, iter_chunks, open_stream
 from ._src.core.options import RayTaskOptions
-from ._src.core.public import lazy_names
+from ._src.core.public import lazy_names as _lazy_names
 from ._src.core.schema import infer_schema
 
 if TYPE_CHECKING:
@@ -74,4 +74,4 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+__getattr__, __dir__ = _lazy_names(__name__, _LAZY, globals())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 # TensorFlow, imported plainly; without it an ImportError names the tf extra.
 import ray_tfrecord._src.tf  # noqa: F401
-from ray_tfrecord._src.core.public import lazy_names
+from ray_tfrecord._src.core.public import lazy_names as _lazy_names
 
 if TYPE_CHECKING:
     from ray_tfrecord._src.io.splits import SplitPlan, plan_splits
@@ -69,4 +69,4 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+__getattr__, __dir__ = _lazy_names(__name__, _LAZY, globals())
