@@ -59,9 +59,15 @@ $(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
 	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -e '.[test]'
 	touch $(LOWEST_STAMP)
 
+# Tests of our own logic that run Ray Train as any release does (one Ray Train run each, a minute or
+# two on 2 cores): the floor still runs a Ray Train group through a killed worker and a Keras 3 custom
+# loop, which are the parts that differ between releases.
+LOWEST_SKIP := tests/test_train.py::test_three_workers_finish_every_epoch_with_equal_steps \
+	tests/test_train.py::test_per_replica_feed_reads_each_row_once_an_epoch
+
 # Ray 2.50 has Train v2 (which tf/train.py's worker_runtime_env needs) behind this switch; 2.51+ default to it.
 test-lowest: $(LOWEST_STAMP)
-	RAY_TRAIN_V2_ENABLED=1 $(LOWEST_BIN)/python -m pytest -q $(LOWEST_TESTS)
+	RAY_TRAIN_V2_ENABLED=1 $(LOWEST_BIN)/python -m pytest -q $(LOWEST_TESTS) $(addprefix --deselect ,$(LOWEST_SKIP))
 
 clean-lowest:
 	rm -rf $(LOWEST_VENV)

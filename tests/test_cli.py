@@ -204,3 +204,21 @@ def test_clean_refuses_a_missing_path_and_a_file(tmp_path, capsys):
         f"ray-tfrecord clean: {file} is a file; pass the dataset directory that holds it")
     assert main(["clean", str(tmp_path / "ds")]) == 0
     assert capsys.readouterr().out.strip() == "0 left by killed or failed writes"
+
+
+@pytest.mark.parametrize(("num_cpus", "expected"), [
+    (1, {"address": "local", "num_cpus": 1}),  # a new local Ray of that size, even beside a `ray start` one
+    (None, {"num_cpus": None}),  # RAY_ADDRESS or a cluster started on this machine, as Ray's commands do
+])
+def test_num_cpus_starts_a_local_ray_of_its_own(monkeypatch, num_cpus, expected):
+    """Beside a cluster that `ray start --head` left on the machine, ``ray.init(num_cpus=1)`` would join
+    it and refuse: "When connecting to an existing cluster, num_cpus and num_gpus must not be provided"."""
+    import ray
+
+    from ray_tfrecord._src import cli
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    cli._ensure_ray(num_cpus)
+    assert [{k: v for k, v in call.items() if k in ("address", "num_cpus")} for call in calls] == [expected]
