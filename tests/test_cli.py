@@ -208,7 +208,7 @@ def test_clean_refuses_a_missing_path_and_a_file(tmp_path, capsys):
 
 @pytest.mark.parametrize(("num_cpus", "expected"), [
     (1, {"address": "local", "num_cpus": 1}),  # a new local Ray of that size, even beside a `ray start` one
-    (None, {"num_cpus": None}),  # RAY_ADDRESS or a cluster started on this machine, as Ray's commands do
+    (None, {"address": None, "num_cpus": None}),  # RAY_ADDRESS or a cluster started on this machine, as Ray's commands do
 ])
 def test_num_cpus_starts_a_local_ray_of_its_own(monkeypatch, num_cpus, expected):
     """Beside a cluster that `ray start --head` left on the machine, ``ray.init(num_cpus=1)`` would join

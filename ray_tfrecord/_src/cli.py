@@ -60,8 +60,8 @@ def _ensure_ray(num_cpus: int | None) -> None:
     # --num-cpus asks for a local Ray of that size: a new one, since ray.init() would otherwise join
     # a cluster `ray start` left on this machine and refuse num_cpus there. Without it, ray.init()
     # joins RAY_ADDRESS or that cluster, as Ray's own commands do.
-    address = {"address": "local"} if num_cpus is not None else {}
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **address)
+    address = "local" if num_cpus is not None else None
+    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def _console_without_errors() -> None:
