@@ -73,6 +73,13 @@ def test_the_pages_with_code_are_found():
     assert _script(ROOT / "docs/training.md").count(training[0]) == 1
 
 
+def _failure(output: str) -> str:
+    """What a failed page printed about why: its last traceback on (Ray's progress bars, printed
+    until the process exits, would push it out of a plain tail), else the tail."""
+    start = output.rfind("Traceback (most recent call last)")
+    return output[start:start + 6000] if start >= 0 else output[-6000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("page", RUN_PAGES, ids=_name)
@@ -82,7 +89,7 @@ def test_every_python_block_runs(page, tmp_path):
     run = subprocess.run(
         [sys.executable, "page.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800
     )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    assert run.returncode == 0, _failure(run.stdout + run.stderr)
     if "README.md" in (_name(page), RUNS_AFTER.get(_name(page))):
         assert (tmp_path / "words" / "_SUCCESS").exists()
         assert sorted(p.name for p in (tmp_path / "words").iterdir() if p.is_dir()) == [
