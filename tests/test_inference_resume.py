@@ -1,14 +1,19 @@
 """``inference(..., checkpoint_path=...)`` killed part-way and run again: every key once, each with its
-model's prediction, for TFRecord and Parquet output.
+model's prediction.
 
-The job is a driver process of its own (:func:`tests.test_checkpoint_jobs.run_driver`): a Keras model
-over keyed rows, written with ``min_rows_per_file`` so that Ray records its progress write task by
-write task. The test SIGKILLs the driver's process group once Ray has committed some checkpoint files,
-runs the same call again, and compares the output with ``model.predict``.
+The job is issue 37's, a driver process of its own (:func:`tests.test_checkpoint_jobs.run_driver`):
+a Keras model over keyed rows read and then mapped, on ``ray.init(num_cpus=2)``, written with
+``min_rows_per_file`` so that Ray records its progress write task by write task. The test SIGKILLs the
+driver's process group once Ray has committed some checkpoint files and runs it again: with
+``num_cpus=1`` the rerun is refused at once (it used to wait forever), with the defaults it finishes.
+The output is Parquet (Ray's sink); TFRecord output, our sink under the same checkpointing, is killed
+and rerun in test_checkpoint_jobs.py and docs/restartable-batch-jobs.md.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
 import time
@@ -22,10 +27,10 @@ import ray
 import ray.cloudpickle
 from ray.data.context import DataContext
 
-from ray_tfrecord import read_tfrecords, write_tfrecords
+from ray_tfrecord import StallError, read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.layout import STAGING_DIR
 from ray_tfrecord._src.io import compat
-from tests.test_checkpoint_jobs import run_driver, start_job_ray
+from tests.test_checkpoint_jobs import run_driver, start_ray
 from tests.test_faults import visible_files
 
 pytestmark = [
@@ -72,53 +77,79 @@ def slow_read(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def inference_job(src: str, model: str, out: str, checkpoint: str, output_format: str) -> None:
-    """The user's job: ``inference`` over ``src``, restartable through ``checkpoint``."""
+def inference_job(src: str, model: str, out: str, checkpoint: str, options: dict) -> None:
+    """The user's job: ``inference`` over ``src``, restartable through ``checkpoint``, every other option at
+    its default unless ``options`` sets it; prints the error a refusal raised and the library's log lines."""
     from ray_tfrecord.tf import inference
 
-    start_job_ray(checkpoint, 2)
+    start_ray(num_cpus=2)
     # Start reading once the model is loaded, so that the pace is the reads' and not TensorFlow's import.
     DataContext.get_current().wait_for_min_actors_s = 300
     ds = read_tfrecords(src, override_num_blocks=READ_TASKS).map_batches(slow_read, batch_size=None,
                                                                          batch_format="pyarrow")
-    inference(ds, model, out, feature_columns="x", key_columns=["key"], output_format=output_format, batch_size=125,
-              num_cpus=0.5, checkpoint_path=checkpoint, min_rows_per_file=ROWS_PER_WRITE)
-    print("RESULT {}")
+    said = _Said()
+    logging.getLogger("ray_tfrecord").addHandler(said)
+    started = time.monotonic()
+    try:
+        inference(ds, model, out, feature_columns="x", key_columns=["key"], output_format="parquet",
+                  checkpoint_path=checkpoint, min_rows_per_file=ROWS_PER_WRITE, **options)
+        error = None
+    except StallError as e:
+        error = str(e)
+    print("RESULT " + json.dumps({"error": error, "seconds": time.monotonic() - started, "said": said.lines}))
     ray.shutdown()
+
+
+class _Said(logging.Handler):
+    """The library's log lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def committed_checkpoints(checkpoint: Path) -> int:
     return len([p for p in checkpoint.glob("*.parquet") if ".pending" not in p.name]) if checkpoint.is_dir() else 0
 
 
-def output_rows(out: Path, output_format: str) -> dict[str, list[dict]]:
+def output_rows(out: Path) -> dict[str, list[dict]]:
     """The rows a reader sees under ``out``, by file name (every file must read whole)."""
-    if not visible_files(out):
-        return {}
-    if output_format == "parquet":
-        return {os.path.basename(f): pq.read_table(f).to_pylist() for f in visible_files(out)}
-    files: dict[str, list[dict]] = {}
-    for row in read_tfrecords(str(out), include_paths=True).take_all():
-        files.setdefault(os.path.basename(row.pop("path")), []).append(row)
-    return files
+    return {os.path.basename(f): pq.read_table(f).to_pylist() for f in visible_files(out)}
 
 
-# TFRecord output: test_stalls.py's killed rerun (with the default num_cpus) and docs/restartable-batch-jobs.md.
-@pytest.mark.parametrize("output_format", ["parquet"])
-def test_killed_inference_resumes_with_every_key_once(source, tmp_path, output_format):
+def test_killed_inference_resumes_with_every_key_once(source, tmp_path):
+    """The rerun with 1 CPU for the predictor refuses at once, naming num_cpus=; with the defaults the
+    predictor takes what Ray's checkpoint filter leaves, says so, and every key is written exactly once."""
     root, expected = source
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    args = [str(root / "src"), str(root / "model.keras"), str(out), str(checkpoint), output_format]
-    run_driver("tests.test_inference_resume", "inference_job", args,
+    args = [str(root / "src"), str(root / "model.keras"), str(out), str(checkpoint)]
+    run_driver("tests.test_inference_resume", "inference_job", [*args, {}],
                kill_when=lambda: committed_checkpoints(checkpoint) >= KILL_AFTER,
                what=f"{KILL_AFTER} committed checkpoint files")
-    killed = output_rows(out, output_format)
+    killed = output_rows(out)
     seen = [r["key"] for rows in killed.values() for r in rows]
     assert len(seen) == len(set(seen)) and set(seen) <= set(keys().tolist())
     assert len(seen) < ROWS, "the job had written everything when it was killed: nothing left to resume"
 
-    run_driver("tests.test_inference_resume", "inference_job", args)
-    final = output_rows(out, output_format)
+    refused = run_driver("tests.test_inference_resume", "inference_job", [*args, {"num_cpus": 1.0}])
+    assert refused["error"] == (
+        "inference would wait forever: it needs 3 CPUs at once (predictor actors 1 x 1 CPU, Ray's checkpoint "
+        "filter actor 1 x 1 CPU, one task 1 CPU) and the cluster has 2; pass inference(num_cpus=0) or "
+        "ray.init(num_cpus=3) (or a cluster with that many CPUs)")
+    assert refused["seconds"] < 5, "the refusal comes before any actor starts"
+    assert output_rows(out) == killed
+
+    finished = run_driver("tests.test_inference_resume", "inference_job", [*args, {}])
+    # Finished, not timed: under CI's load the rerun's Ray start alone varies by tens of seconds; a hang
+    # fails run_driver's own timeout, and the refusal above is the part the issue times.
+    assert finished["error"] is None
+    assert finished["said"] == [
+        "inference: predictor actors 1 x 0 CPU instead of 1 x 1, so that Ray's checkpoint filter actor 1 x 1 CPU "
+        "and one task 1 CPU fit on this 2-CPU cluster; pass inference(num_cpus=...) to choose"]
+    final = output_rows(out)
     rows = [r for file_rows in final.values() for r in file_rows]
     by_key = {r["key"]: r["prediction"] for r in rows}
     assert len(rows) == ROWS and sorted(by_key) == keys().tolist()  # every key, none twice
@@ -127,6 +158,6 @@ def test_killed_inference_resumes_with_every_key_once(source, tmp_path, output_f
     assert not (out / STAGING_DIR).exists()
     removed = [f for f in killed if f not in final]  # files of tasks killed before Ray recorded them
     rerun = len(rows) - sum(len(final[f]) for f in killed if f in final)
-    print(f"\nINFERENCE RESUME ({output_format}): keys expected {ROWS}; visible at the kill {len(seen)} in "
+    print(f"\nINFERENCE RESUME (parquet): keys expected {ROWS}; visible at the kill {len(seen)} in "
           f"{len(killed)} files ({len(removed)} removed by the rerun); written by the rerun {rerun} in "
           f"{len(set(final) - set(killed))} files; final {len(rows)}, distinct {len(by_key)}")

@@ -1,15 +1,14 @@
-"""No job waits forever: issue 37's reproduction (a killed, checkpointed ``inference`` run again with
-its defaults on 2 CPUs), the check before each entry point, and the watchdog.
+"""No job waits forever: the check before each entry point, and the watchdog.
 
-The reproduction's drivers are processes of their own (:func:`tests.test_checkpoint_jobs.run_driver`);
-the watchdog and the 2-CPU entry points use the session's 2-CPU Ray, and the 1-CPU entry points one
-driver of their own. Each job is timed: it finishes, or says what it waits for, well within 60 s.
+The watchdog and the 2-CPU entry points use the session's 2-CPU Ray, and the 1-CPU entry points a
+driver of their own (:func:`tests.test_checkpoint_jobs.run_driver`). Each job is timed: it finishes,
+or says what it waits for, well within 60 s. Issue 37's reproduction (a killed, checkpointed
+``inference`` run again with its defaults on 2 CPUs) is test_inference_resume.py's test.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -19,99 +18,17 @@ import pyarrow as pa
 import pytest
 import ray
 import ray.cloudpickle
-from ray.data.context import DataContext
 
 import ray_tfrecord
 from ray_tfrecord import StallError, read_tfrecords, write_tfrecords
-from ray_tfrecord._src.io import compat, progress
+from ray_tfrecord._src.io import progress
 from tests.test_checkpoint_jobs import run_driver, start_ray
-from tests.test_inference_resume import (  # noqa: F401 - source is a fixture
-    KILL_AFTER,
-    READ_TASKS,
-    ROWS,
-    committed_checkpoints,
-    keys,
-    output_rows,
-    slow_read,
-    source,
-)
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # What a job may take on a loaded 2-core machine (the issue's bound is 60 s).
 WITHIN_S = 60
-
-
-# -- the reproduction --------------------------------------------------------------------------
-
-
-def repro_job(src: str, model: str, out: str, checkpoint: str, options: dict) -> None:
-    """The issue's job on ``ray.init(num_cpus=2)``: ``inference`` over a read and a ``map_batches``,
-    restartable through ``checkpoint``, every other option at its default unless ``options`` sets it."""
-    from ray_tfrecord.tf import inference
-
-    start_ray(num_cpus=2)
-    DataContext.get_current().wait_for_min_actors_s = 300
-    ds = read_tfrecords(src, override_num_blocks=READ_TASKS).map_batches(slow_read, batch_size=None,
-                                                                         batch_format="pyarrow")
-    said = _Said()
-    logging.getLogger("ray_tfrecord").addHandler(said)
-    started = time.monotonic()
-    try:
-        inference(ds, model, out, feature_columns="x", key_columns=["key"], checkpoint_path=checkpoint,
-                  min_rows_per_file=250, **options)
-        error = None
-    except StallError as e:
-        error = str(e)
-    print("RESULT " + json.dumps({"error": error, "seconds": time.monotonic() - started, "said": said.lines}))
-    ray.shutdown()
-
-
-class _Said(logging.Handler):
-    """The library's log lines."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.mark.skipif(not compat.CHECKPOINTS, reason=f"Ray {ray.__version__} has no job checkpointing")
-def test_killed_inference_rerun_on_2_cpus_finishes_once(source, tmp_path):  # noqa: F811
-    """The rerun with 1 CPU for the predictor refuses at once, naming num_cpus=; with the defaults the
-    predictor takes what is left, says so, and every key is written exactly once."""
-    root, expected = source
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    args = [str(root / "src"), str(root / "model.keras"), str(out), str(checkpoint)]
-    run_driver("tests.test_stalls", "repro_job", [*args, {}],
-               kill_when=lambda: committed_checkpoints(checkpoint) >= KILL_AFTER,
-               what=f"{KILL_AFTER} committed checkpoint files")
-    killed = [r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows]
-    assert len(killed) < ROWS and len(killed) == len(set(killed))
-
-    refused = run_driver("tests.test_stalls", "repro_job", [*args, {"num_cpus": 1.0}])
-    assert refused["error"] == (
-        "inference would wait forever: it needs 3 CPUs at once (predictor actors 1 x 1 CPU, Ray's checkpoint "
-        "filter actor 1 x 1 CPU, one task 1 CPU) and the cluster has 2; pass inference(num_cpus=0) or "
-        "ray.init(num_cpus=3) (or a cluster with that many CPUs)")
-    assert refused["seconds"] < 5, "the refusal comes before any actor starts"
-    assert sorted(r["key"] for rows in output_rows(out, "tfrecord").values() for r in rows) == sorted(killed)
-
-    finished = run_driver("tests.test_stalls", "repro_job", [*args, {}])
-    # Finished, not timed: under CI's load the rerun's Ray start alone varies by tens of seconds; a hang
-    # fails run_driver's own timeout, and the refusal above is the part the issue times.
-    assert finished["error"] is None
-    assert finished["said"] == [
-        "inference: predictor actors 1 x 0 CPU instead of 1 x 1, so that Ray's checkpoint filter actor 1 x 1 CPU "
-        "and one task 1 CPU fit on this 2-CPU cluster; pass inference(num_cpus=...) to choose"]
-    rows = [r for file_rows in output_rows(out, "tfrecord").values() for r in file_rows]
-    by_key = {r["key"]: r["prediction"] for r in rows}
-    assert len(rows) == ROWS and sorted(by_key) == keys().tolist()  # every key, none twice
-    np.testing.assert_allclose([by_key[k] for k in keys().tolist()], expected, rtol=1e-5, atol=1e-6)
-    assert not checkpoint.exists()
 
 
 # -- the watchdog --------------------------------------------------------------------------------

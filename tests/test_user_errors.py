@@ -43,10 +43,18 @@ def example(**features) -> bytes:
 
 
 def tf_good_records(path: str, compression: str = "") -> int:
-    """How many records TensorFlow reads before it reports damage."""
+    """How many records TensorFlow reads before it reports damage: counted in batches (one eager step per
+    record takes 18 s over ``big``), then record by record from the start of the batch that failed."""
+    records = tf.data.TFRecordDataset(path, compression_type=compression)
     n = 0
     try:
-        for _ in tf.data.TFRecordDataset(path, compression_type=compression):
+        for batch in records.batch(4096):
+            n += int(batch.shape[0])
+        return n
+    except tf.errors.DataLossError:
+        pass
+    try:
+        for _ in records.skip(n):
             n += 1
     except tf.errors.DataLossError:
         pass
