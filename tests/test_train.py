@@ -3,6 +3,8 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -319,3 +321,17 @@ def test_worker_env_sizes_tensorflow_threads_to_the_reservation_and_env_vars_win
     )
     env = trainer.run_config.worker_runtime_env["env_vars"]
     assert (env["TF_USE_LEGACY_KERAS"], env["TF_NUM_INTRAOP_THREADS"], env["TF_NUM_INTEROP_THREADS"]) == ("1", "2", "4")
+
+
+def test_ray_trains_own_processes_unpickle_no_tensorflow(ray_local, monkeypatch):
+    """Ray Train's controller and dataset manager unpickle the trainer's backend and dataset configs;
+    when either one's module imported TensorFlow, so did both processes, on every fit()."""
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    trainer = tensorflow_trainer(_equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=2)
+    shipped = ray.cloudpickle.dumps([trainer.backend_config, trainer.data_config, trainer.run_config])
+    code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", code], input=shipped, cwd=root, capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.decode().splitlines()[-1] == "[]"

@@ -56,6 +56,7 @@ __all__ = [
     "task_checkpoints_pending",
     "ray_call_args",
     "shuffle_seed",
+    "tensorflow_framework",
     "train_v2_enabled",
     "unpickled_filesystem",
     "unwrap_filesystem",
@@ -274,6 +275,16 @@ def train_v2_enabled() -> bool:
     from ray.train import RunConfig
 
     return "worker_runtime_env" in inspect.signature(RunConfig).parameters
+
+
+def tensorflow_framework() -> Any:
+    """Ray Train's label for a TensorFlow run (``TrainingFramework.TENSORFLOW``, private: in Ray 2.60, not
+    2.50), which its run state shows; ``None`` on a Ray without it, where no backend has a label."""
+    try:
+        from ray.train.v2._internal.util import TrainingFramework
+    except ImportError:
+        return None
+    return TrainingFramework.TENSORFLOW
 
 
 def elastic_training() -> bool:

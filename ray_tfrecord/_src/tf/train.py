@@ -11,7 +11,10 @@ process may already have imported TensorFlow, where Keras 3 then fails with a
 ``PerReplica`` ValueError.  The trainer built here puts the variable in the
 workers' runtime environment instead, so it is there before any import, and
 checks on every worker, before the training function runs, that ``tf.keras``
-is the Keras asked for (``KerasVersionError`` otherwise).  With
+is the Keras asked for (``KerasVersionError`` otherwise).  Its backend
+(``io/train_setup.py``) writes the workers' ``TF_CONFIG`` as Ray's does, leaves
+the variable alone, and keeps TensorFlow out of Ray Train's controller and
+dataset manager.  With
 ``keras=3`` the workers get Keras 3 instead, for custom training loops:
 Keras 3 ``model.fit`` under ``MultiWorkerMirroredStrategy`` fails
 (keras-team/keras#20585).
@@ -50,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
@@ -58,12 +60,13 @@ from typing import Any, Literal, cast
 
 import ray
 import ray.train
-from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
-from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.data import Dataset
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io import compat, progress
+from ray_tfrecord._src.io.train_setup import IngestConfig, TensorflowBackendConfig
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 
 __all__ = ["WORKER_ENV_VARS", "KerasVersionError", "tensorflow_trainer"]
@@ -193,13 +196,15 @@ def tensorflow_trainer(
     return TensorflowTrainer(
         _checked_loop(train_loop_per_worker, keras),
         train_loop_config=dict(train_loop_config or {}),
+        # Ray's TensorflowConfig, from a module that does not import TensorFlow into Ray Train's controller.
+        tensorflow_config=TensorflowBackendConfig(),  # type: ignore[arg-type]
         # A (min, max) range: ray.train.ScalingConfig is Train v2's at runtime, v1's to mypy.
         scaling_config=ScalingConfig(
             num_workers=num_workers,  # type: ignore[arg-type]
             use_gpu=use_gpu,
             resources_per_worker={"CPU": cpus_per_worker},
         ),
-        dataset_config=_IngestConfig(progress_bars=sys.stdout.isatty()),
+        dataset_config=IngestConfig(progress_bars=sys.stdout.isatty()),
         run_config=run_config,
         datasets=dict(datasets),
     )
@@ -243,55 +248,12 @@ def _worker_env(cpus_per_worker: float, keras: int) -> dict[str, str]:
     return {**legacy, "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads}
 
 
-def _ingest_options() -> ExecutionOptions:
-    """Ray Train's default ingest options (``DataConfig.default_ingest_options``), built from the
-    current ``DataContext`` without passing ``exclude_resources`` unless someone set it.
-
-    Ray 2.60's default passes that deprecated property to ``ExecutionOptions()``, whose setter
-    warns ``ExecutionOptions.exclude_resources is deprecated`` from Ray Train's dataset actor
-    in every training run that has datasets; given options, Ray Train uses them instead.
-    """
-    current = DataContext.get_current().execution_options
-    excluded = current.exclude_resources
-    return ExecutionOptions(
-        resource_limits=current.resource_limits,
-        preserve_order=current.preserve_order,
-        verbose_progress=current.verbose_progress,
-        exclude_resources=None if excluded == ExecutionResources.zero() else excluded,
-    )
-
-
-class _IngestConfig(DataConfig):
-    """Every dataset split across the workers, with ``_ingest_options``, and no progress bars
-    when the driver's output is not a terminal (a file, a job's log).
-
-    The split coordinator that runs the datasets is a Ray actor, whose bars Ray Data sends to the
-    driver to re-draw, with ANSI escapes, every epoch: thousands of lines in a captured log.
-    ``configure`` runs in Ray Train's dataset manager on its own copies of the datasets, so the
-    driver's own context (and its progress bars elsewhere) stays as it was.
-    """
-
-    def __init__(self, *, progress_bars: bool) -> None:
-        super().__init__(datasets_to_split="all", execution_options=_ingest_options())
-        self._progress_bars = progress_bars
-
-    def configure(self, datasets: dict[str, Dataset], *args: Any, **kwargs: Any) -> Any:
-        if not self._progress_bars:
-            for ds in datasets.values():
-                ds.context.enable_progress_bars = False
-        return super().configure(datasets, *args, **kwargs)
-
-
 def _checked_loop(loop: Callable[..., None], keras: int) -> Callable[..., None]:
     """``loop``, after a check that this worker's ``tf.keras`` is ``keras``; Ray Train reads the
     signature through ``functools.wraps`` and passes the config only if ``loop`` takes one."""
 
     @functools.wraps(loop)
     def checked(*config: dict[str, Any]) -> None:
-        if keras == 3:
-            # Ray's TensorFlow backend sets TF_USE_LEGACY_KERAS=1 on every worker after our
-            # runtime environment's 0; anything resolving tf.keras from here on must see 0.
-            os.environ["TF_USE_LEGACY_KERAS"] = "0"
         _check_worker_keras(keras)
         loop(*config)
 
