@@ -298,9 +298,6 @@ def _store_env(store: Store, monkeypatch) -> None:
 
 
 @pytest.mark.skipif(not compat.CHECKPOINTS, reason=f"Ray {ray.__version__} has no job checkpointing")
-# GCS only: Ray's recovery deletes a pending task's files through the filesystem calls that a killed
-# write's cleanup makes on both stores above, and the manifest commit is the same code on both.
-@pytest.mark.parametrize("store", ["gcs"], indirect=True)
 def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store, tmp_path, monkeypatch):
     """Ray's job checkpointing, ``overwrite`` of an older dataset: killed with a task's files at their final
     keys and its ids still pending. Our readers still see the old dataset; the rerun (Ray's recovery deletes
