@@ -66,8 +66,7 @@ $(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
 # newest release: inference's two output formats (the floor runs the datasink's own tests and every
 # model format's predictions) and a quoted glob through the CLI (globs are ours; the CLI's Ray runs
 # are in test_cli and test_user_errors).
-LOWEST_SKIP := tests/test_train.py::test_three_workers_finish_every_epoch_with_equal_steps \
-	tests/test_train.py::test_per_replica_feed_reads_each_row_once_an_epoch \
+LOWEST_SKIP := tests/test_train.py::test_three_workers_take_equal_steps_and_per_replica_batches_read_each_row_once \
 	tests/test_train.py::test_killed_worker_resumes_from_checkpoint \
 	tests/test_faults.py::test_killed_driver_leaves_old_dataset_and_retry_succeeds[error] \
 	tests/test_inference.py::test_inference_writes_one_row_per_input \

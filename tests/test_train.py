@@ -90,25 +90,63 @@ def _equal_steps_loop(config):
         partial_refused = True
     steps: list[int] = []
     history = model.fit(feed, epochs=config["epochs"], callbacks=[_step_counter(tf, steps), ReportCheckpoint()], verbose=0)
+    log = {"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused,
+           "tf_threads": [os.environ.get("TF_NUM_INTRAOP_THREADS"), os.environ.get("TF_NUM_INTEROP_THREADS")]}
+    if "exact" in config:
+        with strategy.scope():
+            log["per_replica"] = _per_replica_passes(tf, strategy, _build_model(tf), config["exact"])
     with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
-        json.dump({"steps": steps, "loss": history.history["loss"], "partial_refused": partial_refused,
-                   "tf_threads": [os.environ.get("TF_NUM_INTRAOP_THREADS"), os.environ.get("TF_NUM_INTEROP_THREADS")]},
-                  f)
+        json.dump(log, f)
 
 
-def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
+def _per_replica_passes(tf, strategy, model, config) -> dict:
+    """The ``exact`` shard through ``tf_dataset(strategy=)``: by hand for ``epochs`` (each replica's rows and
+    batch sizes), then in ``fit``, then a plain pass; what each saw."""
+    from ray_tfrecord._src.tf.feed import tf_dataset
+
+    shard, steps = ray.train.get_dataset_shard("exact"), config["steps"]
+
+    def feed():
+        return tf_dataset(shard, feature_columns=["x", "tokens"], label_columns="y", batch_size=config["batch_size"],
+                          steps_per_epoch=steps, strategy=strategy)
+
+    seen, sizes, it = [], [], iter(feed())
+    for _ in range(config["epochs"]):
+        rows = []
+        for _ in range(steps):
+            features, label = next(it)
+            (x,), (tokens,), (y,) = (strategy.experimental_local_results(t) for t in (features["x"], features["tokens"], label))
+            sizes.append(int(y.shape[0]))
+            rows += [[*map(float, xi), ti, float(yi)] for xi, ti, yi in zip(x.numpy(), tokens.to_list(), y.numpy())]
+        seen.append(rows)
+    del it
+    counted: list[int] = []
+    history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[_step_counter(tf, counted)],
+                        verbose=0)
+    # The shard still serves whole epochs after the passes those feeds started and left.
+    after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, feature_columns="x", label_columns="y", batch_size=config["batch_size"]))
+    return {"seen": seen, "sizes": sizes, "steps": counted, "loss": history.history["loss"], "after": after}
+
+
+def test_three_workers_take_equal_steps_and_per_replica_batches_read_each_row_once(ray_local, tmp_path):
+    """One group of three: the plain feed over rows that do not divide into the workers' batches, then the
+    per-replica feed (``strategy=``) over rows that do, each row once an epoch."""
     # Keras splits each element over the 3 replicas, so this is a per-replica batch of 16.
     rows, batch_size, workers, epochs = 1000, 48, 3, 3
     assert rows % (workers * batch_size) != 0
+    exact = {"rows": 960, "batch_size": batch_size, "epochs": 2}
+    exact["steps"] = (exact["rows"] // workers) // (batch_size // workers)
     _write_rows(str(tmp_path / "data"), rows)
+    _write_rows(str(tmp_path / "exact"), exact["rows"])
+    exact_ds = ray_tfrecord.read_tfrecords(str(tmp_path / "exact"), schema=SCHEMA)
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     trainer = tensorflow_trainer(
         _equal_steps_loop,
-        datasets={"train": ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA)},
+        datasets={"train": ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA), "exact": exact_ds},
         num_workers=workers,
         cpus_per_worker=0.25,
-        train_loop_config={"batch_size": batch_size, "epochs": epochs, "log_dir": str(log_dir)},
+        train_loop_config={"batch_size": batch_size, "epochs": epochs, "log_dir": str(log_dir), "exact": exact},
         storage_path=str(tmp_path / "runs"),
     )
     result = trainer.fit()
@@ -125,64 +163,15 @@ def test_three_workers_finish_every_epoch_with_equal_steps(ray_local, tmp_path):
     assert logs[0]["loss"][-1] < logs[0]["loss"][0]
     assert os.path.exists(os.path.join(result.checkpoint.path, MODEL_FILE))
 
-
-def _per_replica_loop(config):
-    import tensorflow as tf
-
-    from ray_tfrecord._src.tf.feed import tf_dataset
-
-    rank, strategy, model, shard = _worker_setup(tf)
-    steps = config["steps"]
-
-    def feed():
-        return tf_dataset(shard, feature_columns=["x", "tokens"], label_columns="y", batch_size=config["batch_size"],
-                          steps_per_epoch=steps, strategy=strategy)
-
-    # Two epochs by hand: the rows this rank's replica gets, per epoch, and each batch's size.
-    seen, sizes, it = [], [], iter(feed())
-    for _ in range(config["epochs"]):
-        rows = []
-        for _ in range(steps):
-            features, label = next(it)
-            (x,), (tokens,), (y,) = (strategy.experimental_local_results(t) for t in (features["x"], features["tokens"], label))
-            sizes.append(int(y.shape[0]))
-            rows += [[*map(float, xi), ti, float(yi)] for xi, ti, yi in zip(x.numpy(), tokens.to_list(), y.numpy())]
-        seen.append(rows)
-    del it
-    counted: list[int] = []
-    history = model.fit(feed(), epochs=config["epochs"], steps_per_epoch=steps, callbacks=[_step_counter(tf, counted)],
-                        verbose=0)
-    # The shard still serves whole epochs after the passes those feeds started and left.
-    after = sum(int(y.shape[0]) for _, y in tf_dataset(shard, feature_columns="x", label_columns="y", batch_size=config["batch_size"]))
-    with open(os.path.join(config["log_dir"], f"rank{rank}.json"), "w") as f:
-        json.dump({"seen": seen, "sizes": sizes, "steps": counted, "loss": history.history["loss"], "after": after}, f)
-
-
-def test_per_replica_feed_reads_each_row_once_an_epoch(ray_local, tmp_path):
-    rows, batch_size, workers, epochs = 1000, 100, 2, 2
-    steps = (rows // workers) // (batch_size // workers)
-    _write_rows(str(tmp_path / "data"), rows)
-    ds = ray_tfrecord.read_tfrecords(str(tmp_path / "data"), schema=SCHEMA)
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    result = tensorflow_trainer(
-        _per_replica_loop,
-        datasets={"train": ds},
-        num_workers=workers,
-        cpus_per_worker=0.5,
-        train_loop_config={"batch_size": batch_size, "epochs": epochs, "steps": steps, "log_dir": str(log_dir)},
-        storage_path=str(tmp_path / "runs"),
-    ).fit()
-    assert result.error is None
-    logs = [json.loads((log_dir / f"rank{r}.json").read_text()) for r in range(workers)]
-    source = sorted([*map(float, r["x"]), r["tokens"], float(r["y"])] for r in ds.take_all())
-    for epoch in range(epochs):
-        assert sorted(row for log in logs for row in log["seen"][epoch]) == source
+    replicas = [log["per_replica"] for log in logs]
+    source = sorted([*map(float, r["x"]), r["tokens"], float(r["y"])] for r in exact_ds.take_all())
+    for epoch in range(exact["epochs"]):
+        assert sorted(row for log in replicas for row in log["seen"][epoch]) == source
     # Each replica's batch is the global batch's share: Keras does not cut it again.
-    assert all(log["sizes"] == [batch_size // workers] * (steps * epochs) for log in logs)
-    assert [log["steps"] for log in logs] == [[steps] * epochs] * workers
-    assert logs[0]["loss"][-1] < logs[0]["loss"][0]
-    assert [log["after"] for log in logs] == [(rows // workers) // batch_size * batch_size] * workers
+    assert all(log["sizes"] == [batch_size // workers] * (exact["steps"] * exact["epochs"]) for log in replicas)
+    assert [log["steps"] for log in replicas] == [[exact["steps"]] * exact["epochs"]] * workers
+    assert replicas[0]["loss"][-1] < replicas[0]["loss"][0]
+    assert [log["after"] for log in replicas] == [(exact["rows"] // workers) // batch_size * batch_size] * workers
 
 
 def _resumable_loop(config):
