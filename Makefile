@@ -11,7 +11,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# One stamp per extra: the demo installs only what it needs (.[demo]); the tests add the rest (.[dev]).
+# One stamp per extra: the demo installs only what it needs (.[demo]); the tests add the rest (.[dev]);
+# the benchmark adds matplotlib for its chart (.[bench]).
 $(VENV)/.installed-%: pyproject.toml setup.py $(NATIVE) | $(BIN)/python
 	$(BIN)/pip install -q -e '.[$*]'
 	touch $@
@@ -27,7 +28,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check ray_tfrecord
 	$(BIN)/mypy
 
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
 
 # The docs site (mkdocs.yml, docs/) into site/: strict, so a warning (a broken link or anchor, a page
@@ -53,11 +54,20 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_other_writers.py tests/test_keras3.py tests/test_checkpoint_jobs.py tests/test_elastic.py \
 	tests/test_tf_import.py tests/test_plan_scale.py tests/test_inference_resume.py
 
-$(LOWEST_STAMP): pyproject.toml setup.py $(NATIVE) $(LOWEST_CONSTRAINTS)
+# In two steps: the floors and the tests' requirements (.ci/requirements.py lists them from
+# pyproject.toml), which touch nothing in the tree, so CI installs them while make test runs; then
+# the package itself, editable, without dependencies.
+LOWEST_DEPS := $(LOWEST_VENV)/.installed-deps
+$(LOWEST_DEPS): pyproject.toml .ci/requirements.py $(LOWEST_CONSTRAINTS)
 	test -x $(LOWEST_BIN)/python || $(LOWEST_PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
-	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -e '.[test]'
-	touch $(LOWEST_STAMP)
+	$(LOWEST_BIN)/python .ci/requirements.py test > $(LOWEST_VENV)/requirements.txt
+	$(LOWEST_BIN)/pip install -q -r $(LOWEST_CONSTRAINTS) -r $(LOWEST_VENV)/requirements.txt
+	touch $@
+
+$(LOWEST_STAMP): $(LOWEST_DEPS) setup.py $(NATIVE)
+	$(LOWEST_BIN)/pip install -q --no-deps -e .
+	touch $@
 
 # Tests of our own logic that run Ray Train as any release does (one Ray Train run each, a minute or
 # two on 2 cores), and the second save mode of a killed driver (the kill is Ray's, the mode ours). The

@@ -203,7 +203,7 @@ def draw(result: dict, path: Path) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("python -m bench: drawing the chart needs matplotlib: pip install -e '.[dev]'") from None
+        raise SystemExit("python -m bench: drawing the chart needs matplotlib: pip install -e '.[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -4,10 +4,11 @@ A page's blocks run in order, as one script in a fresh Python process, the way a
 the page into one session top to bottom would run them: a later block may use what an earlier one
 defined. Paths under ``/tmp/`` are moved under the test's ``tmp_path``; nothing else is changed.
 The process starts its own local Ray (``RAY_ADDRESS=local``: never a cluster someone else started),
-sized by the machine (2 CPUs on the project's), and a timeout turns a hang into a failure.
+sized by the machine (2 CPUs on the project's), and a timeout turns a hang into a failure. The pages
+run one after another in the background while the other tests run (tests/conftest.py: ``page_runs``).
 
-Pages are found, not listed: a new page under docs/ runs as soon as it exists. CI time: a Ray Train example costs about a
-minute, other pages seconds plus Ray's start-up. So a slow example is shared, not run twice:
+Pages are found, not listed: a new page under docs/ runs as soon as it exists. CI time: a Ray Train
+example costs about a minute, other pages seconds plus Ray's start-up. So a slow example is shared, not run twice:
 ``RUNS_AFTER`` runs a page as the continuation of another, in one process, and a block that repeats
 one of the other page's word for word runs once (the README's training example is the first block
 of docs/training.md).
@@ -80,19 +81,25 @@ def _failure(output: str) -> str:
     return output[start:start + 6000] if start >= 0 else output[-6000:]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("page", RUN_PAGES, ids=_name)
-def test_every_python_block_runs(page, tmp_path):
-    (tmp_path / "page.py").write_text(_script(page).replace("/tmp/", f"{tmp_path}/"))
+def run_page(page: Path, where: Path) -> subprocess.CompletedProcess:
+    """``page``'s blocks as one script in a fresh process under ``where``, with its own local Ray."""
+    (where / "page.py").write_text(_script(page).replace("/tmp/", f"{where}/"))
     env = {**os.environ, "RAY_ADDRESS": "local"}
-    run = subprocess.run(
-        [sys.executable, "page.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800
-    )
+    return subprocess.run([sys.executable, "page.py"], cwd=where, env=env, capture_output=True, text=True, timeout=800)
+
+
+@pytest.mark.slow
+# The pages run in the background from the session's start (tests/conftest.py: page_runs); a page's
+# test waits for what is left of its run, which has a timeout of 800 s.
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", RUN_PAGES, ids=_name)
+def test_every_python_block_runs(page, page_runs):
+    where, started = page_runs[page]
+    run = started.result()
     assert run.returncode == 0, _failure(run.stdout + run.stderr)
     if "README.md" in (_name(page), RUNS_AFTER.get(_name(page))):
-        assert (tmp_path / "words" / "_SUCCESS").exists()
-        assert sorted(p.name for p in (tmp_path / "words").iterdir() if p.is_dir()) == [
+        assert (where / "words" / "_SUCCESS").exists()
+        assert sorted(p.name for p in (where / "words").iterdir() if p.is_dir()) == [
             "number=1", "number=2", "number=8"]
         # The steps rule docs/training.md states, as Keras printed it in the 2-worker run (verbose=2,
         # the only one): 2 * ((1000 // 2) // 100) = 10 steps per epoch on every rank.
