@@ -2,7 +2,7 @@
 
 A page's blocks run in order, as one script in a fresh Python process, the way a reader who pastes
 the page into one session top to bottom would run them: a later block may use what an earlier one
-defined. Paths under ``/tmp/`` are moved under the test's ``tmp_path``; nothing else is changed.
+defined. Paths under ``/tmp/`` are moved under the page's own temporary directory; nothing else is changed.
 The process starts its own local Ray (``RAY_ADDRESS=local``: never a cluster someone else started),
 sized by the machine (2 CPUs on the project's), and a timeout turns a hang into a failure. The pages
 run one after another in the background while the other tests run (tests/conftest.py: ``page_runs``).
