@@ -52,12 +52,13 @@ def _is_page_test(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(items):
-    items[:] = [item for item in items if not _is_page_test(item)] + [item for item in items if _is_page_test(item)]
+    items.sort(key=_is_page_test)  # stable: the other tests keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
 def page_runs(request, index_cache, tmp_path_factory):
-    """Each selected docs page's directory and the future of its run, started as the session starts."""
+    """Each selected docs page's directory and the future of its run, started as the session starts
+    (after ``index_cache``, whose variable the pages' processes inherit)."""
     from tests.test_docs import run_page
 
     pool = ThreadPoolExecutor(1)
