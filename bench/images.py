@@ -1,7 +1,8 @@
 """ImageNet-style JPEGs decoded, randomly cropped, flipped and resized to 224x224: images per second.
 
-One run, the same files (``train_examples/imagenet_like.py``: 500x375-class JPEGs at quality 90, about
-110 KB each) and the same cores for every line:
+One run, two sets of files (``train_examples/imagenet_like.py``: 500x375-class JPEGs at quality 90,
+about 105 KB each as ImageNet's average, and a smoother set of about 72 KB), the same cores for every
+line:
 
 - ``ray_tfrecord``: ``read_tfrecords`` -> ``map_batches(ImageTransform(224, training=True),
   batch_size=None)`` in Ray Data (fused into the read tasks) -> ``tf_dataset``, drained; and the same
@@ -10,8 +11,12 @@ One run, the same files (``train_examples/imagenet_like.py``: 500x375-class JPEG
   ``parse_single_example``, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` (decodes only
   the window), ``random_flip_left_right``, ``resize``, AUTOTUNE; drained, and into the same ``fit``.
 - ``tf.data full decode``: the same with ``decode_jpeg`` of the whole image, then the crop.
-- ``limit``: one thread of the decoder ImageTransform uses (simplejpeg) doing full decodes of the same
-  bytes, times the cores: what a perfectly parallel full decode would reach.
+- ``limit`` lines, one per decoder the section uses: one thread of it decoding the same bytes, times
+  the cores, what a perfectly parallel decode would reach. simplejpeg's full decodes (ImageTransform's
+  decoder, and the line the ratios are taken against), TensorFlow's ``decode_jpeg`` (the full-decode
+  pipeline's) and ``decode_and_crop_jpeg`` on random-resized-crop windows (the reference's).
+- ``ray_tfrecord, Ray Data only``: the same Ray Data pipeline drained by ``iter_batches`` with no
+  TensorFlow, so that the feed's own share shows beside it.
 
 Every feed is built once and each pass is an epoch over it, as ``fit(epochs=...)`` iterates; an epoch
 lists the set ``PASSES`` times. Each line runs one warm-up pass (Ray's workers start, TensorFlow
@@ -41,14 +46,21 @@ ROUNDS = 3
 CLASSES = 4
 
 
-def _image_set(ctx, n: int) -> list[str]:
-    """The set's files, once (``n`` images)."""
+def _grains() -> tuple[float, float]:
+    """The two sets' grain: ImageNet's mean JPEG size, then the smoother set."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train_examples"))
+    from imagenet_like import GRAIN, SMOOTH_GRAIN
+
+    return SMOOTH_GRAIN, GRAIN
+
+
+def _image_set(ctx, n: int, grain: float) -> list[str]:
+    """The set's files, once (``n`` images of that grain)."""
     from imagenet_like import write_image_set
 
-    directory = Path(ctx.tmp).parent / "imagenet_like" / str(n)
+    directory = Path(ctx.tmp).parent / "imagenet_like" / f"{n}-grain{grain:g}"
     if not (directory / "_DONE").exists():
-        write_image_set(str(directory), n, files=8, seed=0)
+        write_image_set(str(directory), n, files=8, seed=0, grain=grain)
         (directory / "_DONE").touch()
     return sorted(str(p) for p in directory.glob("train-*"))
 
@@ -66,6 +78,14 @@ def _tiny_cnn():
     ])
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def _drain_ray(ds) -> float:
+    """Images per second of one pass over a Ray Dataset, its batches as Ray gives them (no TensorFlow)."""
+    n, start = 0, time.perf_counter()
+    for batch in ds.iter_batches(batch_size=BATCH, batch_format="pyarrow"):
+        n += batch.num_rows
+    return n / (time.perf_counter() - start)
 
 
 def _drain(feed) -> float:
@@ -120,6 +140,7 @@ def _tf_pipeline(files: list[str], full_decode: bool, cores: int):
 
 
 def _ours(files: list[str], cores: int):
+    """Our Ray Dataset of decoded images, and the feed over it."""
     import ray_tfrecord.tf
 
     # batch_size=None: whole blocks, so Ray fuses the decode into the read task (a batch size would
@@ -128,7 +149,7 @@ def _ours(files: list[str], cores: int):
         ray_tfrecord.ImageTransform(SIZE, training=True, seed=0, threads=cores), batch_format="pyarrow",
         batch_size=None)
     feed = ray_tfrecord.tf.tf_dataset(ds, feature_columns="image", label_columns="image/class/label", batch_size=BATCH)
-    return feed.map(lambda image, label: (image, label - 1))
+    return ds, feed.map(lambda image, label: (image, label - 1))
 
 
 def _encoded(files: list[str]) -> list[bytes]:
@@ -156,26 +177,83 @@ def _limit(values: list[bytes], cores: int) -> float:
     return cores * len(values) / (time.perf_counter() - start)
 
 
+def _tf_limit(values: list[bytes], cores: int, window: bool):
+    """One thread of TensorFlow's decoder over every image, times the cores: ``decode_jpeg`` in full, or
+    ``decode_and_crop_jpeg`` on each image's random-resized-crop window (ImageTransform's draw, which
+    follows the reference's distribution). A ``tf.data`` map on one thread, so no Python runs per image."""
+    import numpy as np
+    import simplejpeg
+    import tensorflow as tf
+
+    from ray_tfrecord._src.io.images import crop_boxes  # not public: the window draw ImageTransform uses
+
+    shapes = np.array([simplejpeg.decode_jpeg_header(v)[:2] for v in values])
+    boxes, _ = crop_boxes(np.arange(len(values), dtype=np.uint64), shapes[:, 0], shapes[:, 1], (SIZE, SIZE))
+    data = tf.data.Dataset.from_tensor_slices((values, boxes.astype(np.int32)))
+    if window:
+        data = data.map(lambda v, box: tf.io.decode_and_crop_jpeg(v, box, channels=3))
+    else:
+        data = data.map(lambda v, box: tf.io.decode_jpeg(v, channels=3))
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    data = data.with_options(options)
+
+    def measure() -> float:
+        start = time.perf_counter()
+        for _ in data:
+            pass
+        return cores * len(values) / (time.perf_counter() - start)
+
+    return measure
+
+
 def run(ctx) -> list[dict]:
     import ray
 
     cores = 2
     n = QUICK_IMAGES if ctx.image_rows < 20_000 else IMAGES
-    once = _image_set(ctx, n)
-    megabytes = sum(os.path.getsize(f) for f in once) / 1e6
-    values = _encoded(once)
-    files = repeated(once, Path(once[0]).parent / "passes", PASSES)
+    sets = [_image_set(ctx, n, grain) for grain in _grains()]
     ray.shutdown()
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    rows = []
+    for once in sets:
+        rows += _one_set(once, n, cores)
+    ray.shutdown()
+    return rows
+
+
+NOTES = {
+    "limit: simplejpeg full decode": "one thread of simplejpeg full decodes (ImageTransform's decoder) x {cores} cores",
+    "limit: TensorFlow decode_jpeg": "one thread of tf.io.decode_jpeg, full decodes, x {cores} cores",
+    "limit: TensorFlow decode_and_crop_jpeg": "one thread of tf.io.decode_and_crop_jpeg on random-resized-crop "
+                                              "windows (the reference's decoder) x {cores} cores",
+    "tf.data reference": "tensorflow/models: decode_and_crop_jpeg (the window only), flip, AUTOTUNE",
+    "tf.data full decode": "decode_jpeg of the whole image, then the crop",
+    "ray_tfrecord, Ray Data only": "read_tfrecords -> ImageTransform in Ray Data -> iter_batches, no TensorFlow",
+    "ray_tfrecord": "read_tfrecords -> ImageTransform in Ray Data -> tf_dataset, drained",
+    "ray_tfrecord -> fit": "the same feed into Keras fit of a tiny CNN",
+    "tf.data reference -> fit": "the reference pipeline into the same fit",
+}
+FULL_LIMIT = "limit: simplejpeg full decode"
+
+
+def _one_set(once: list[str], n: int, cores: int) -> list[dict]:
+    """The section's lines on one set of files."""
+    megabytes = sum(os.path.getsize(f) for f in once) / 1e6
+    values = _encoded(once)
+    files = repeated(once, Path(once[0]).parent / "passes", PASSES)
     # Each feed is built once and iterated once per pass, as fit(epochs=...) does.
     reference = _tf_pipeline(files, full_decode=False, cores=cores)
     full = _tf_pipeline(files, full_decode=True, cores=cores)
-    ours = _ours(files, cores)
+    ds, ours = _ours(files, cores)
     lines = {
-        "limit": lambda: _limit(values, cores),
+        FULL_LIMIT: lambda: _limit(values, cores),
+        "limit: TensorFlow decode_jpeg": _tf_limit(values, cores, window=False),
+        "limit: TensorFlow decode_and_crop_jpeg": _tf_limit(values, cores, window=True),
         "tf.data reference": lambda: _drain(reference),
         "tf.data full decode": lambda: _drain(full),
+        "ray_tfrecord, Ray Data only": lambda: _drain_ray(ds),
         "ray_tfrecord": lambda: _drain(ours),
         "ray_tfrecord -> fit": _fitter(ours, n * PASSES),
         "tf.data reference -> fit": _fitter(reference, n * PASSES),
@@ -188,24 +266,16 @@ def run(ctx) -> list[dict]:
     for _ in range(ROUNDS):
         for name, measure in lines.items():
             rounds[name].append(measure())
-    ray.shutdown()
     rates = {name: statistics.median(r) for name, r in rounds.items()}
     spread = {name: f"{min(r):,.0f}-{max(r):,.0f}" for name, r in rounds.items()}
 
-    notes = {
-        "limit": f"one thread of simplejpeg full decodes x {cores} cores",
-        "tf.data reference": "tensorflow/models: decode_and_crop_jpeg (the window only), flip, AUTOTUNE",
-        "tf.data full decode": "decode_jpeg of the whole image, then the crop",
-        "ray_tfrecord": "read_tfrecords -> ImageTransform in Ray Data -> tf_dataset, drained",
-        "ray_tfrecord -> fit": "the same feed into Keras fit of a tiny CNN",
-        "tf.data reference -> fit": "the reference pipeline into the same fit",
-    }
     rows = []
     for impl, rate in rates.items():
-        note = f"{rate / cores:,.0f} images per core-second (rounds {spread[impl]}/s); {notes[impl]}"
+        note = (f"{rate / cores:,.0f} images per core-second (rounds {spread[impl]}/s); "
+                f"{NOTES[impl].format(cores=cores)}")
         if impl.startswith("ray_tfrecord"):
             peer = "tf.data reference -> fit" if impl.endswith("fit") else "tf.data reference"
-            note += f"; {rate / rates[peer]:.2f}x {peer}, {rate / rates['limit']:.0%} of the limit"
+            note += f"; {rate / rates[peer]:.2f}x {peer}, {rate / rates[FULL_LIMIT]:.0%} of the full-decode limit"
         rows.append({"bench": "images", "dataset": f"{n:,} JPEGs x {PASSES} an epoch ({megabytes / n * 1e3:.0f} KB), "
                      f"{cores} CPUs",
                      "impl": impl, "rows_per_s": rate, "mb_per_s": rate * megabytes / n, "note": note})

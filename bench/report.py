@@ -155,8 +155,8 @@ def _ours(impl: str) -> bool:
 
 def _reference(impl: str) -> bool:
     """A ceiling, neither ours-through-Ray nor a peer: our own codec outside Ray (ray_io's), or the
-    images section's limit line (one decoder thread's full decodes times the cores)."""
-    return impl.startswith("in-process") or impl == "limit"
+    images section's limit lines (one decoder thread's decodes times the cores)."""
+    return impl.startswith(("in-process", "limit"))
 
 
 def _color(impl: str) -> str:
@@ -226,6 +226,8 @@ def draw(result: dict, path: Path) -> None:
         ax.set_yticks(range(len(group)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
+        # A panel spanning about one decade would otherwise label its minor ticks, over each other.
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(title, fontsize=10, loc="left")
         for i, (rate, row) in enumerate(zip(rates, group)):
             ax.text(rate, i, " " + _label(row, group), va="center", fontsize=7)

@@ -21,7 +21,7 @@ from ray_tfrecord._src.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
 from ray_tfrecord._src.io.order import SEED_COLUMN  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train_examples"))
-from imagenet_like import image_table, write_image_set  # noqa: E402
+from imagenet_like import SMOOTH_GRAIN, image_table, write_image_set  # noqa: E402
 
 COLUMN = "image/encoded"
 LABEL = "image/class/label"
@@ -322,6 +322,11 @@ def test_image_set_is_imagenet_like():
     h, w, _ = simplejpeg.decode_jpeg_header(first[COLUMN])[:3]
     assert (h, w) == (first["image/height"], first["image/width"]) and first["image/format"] == b"JPEG"
     assert table.slice(5, 3).equals(image_table(3, seed=0, start=5))
+    # The benchmark's smaller set: the same images with less grain, about 70 KiB a JPEG.
+    smooth = image_table(40, seed=0, grain=SMOOTH_GRAIN)
+    smooth_sizes = np.array([len(v) for v in smooth.column(COLUMN).to_pylist()])
+    assert 60_000 < smooth_sizes.mean() < 85_000 and (smooth_sizes < sizes).all()
+    assert smooth.drop_columns([COLUMN]).equals(table.drop_columns([COLUMN]))
 
 
 def test_tf_dataset_takes_the_tensor_column_as_one_dense_uint8_batch(ray_local, tmp_path):
