@@ -46,21 +46,21 @@ ROUNDS = 3
 CLASSES = 4
 
 
-def _grains() -> tuple[float, float]:
-    """The two sets' grain: ImageNet's mean JPEG size, then the smoother set."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train_examples"))
-    from imagenet_like import GRAIN, SMOOTH_GRAIN
+def _imagenet_like():
+    """``train_examples/imagenet_like.py``, which makes the image sets."""
+    examples = str(Path(__file__).resolve().parent.parent / "train_examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import imagenet_like
 
-    return SMOOTH_GRAIN, GRAIN
+    return imagenet_like
 
 
 def _image_set(ctx, n: int, grain: float) -> list[str]:
     """The set's files, once (``n`` images of that grain)."""
-    from imagenet_like import write_image_set
-
     directory = Path(ctx.tmp).parent / "imagenet_like" / f"{n}-grain{grain:g}"
     if not (directory / "_DONE").exists():
-        write_image_set(str(directory), n, files=8, seed=0, grain=grain)
+        _imagenet_like().write_image_set(str(directory), n, files=8, seed=0, grain=grain)
         (directory / "_DONE").touch()
     return sorted(str(p) for p in directory.glob("train-*"))
 
@@ -212,7 +212,8 @@ def run(ctx) -> list[dict]:
 
     cores = 2
     n = QUICK_IMAGES if ctx.image_rows < 20_000 else IMAGES
-    sets = [_image_set(ctx, n, grain) for grain in _grains()]
+    maker = _imagenet_like()
+    sets = [_image_set(ctx, n, grain) for grain in (maker.SMOOTH_GRAIN, maker.GRAIN)]
     ray.shutdown()
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
