@@ -102,7 +102,8 @@ def _steady(feed, n: int):
 
     def measure() -> float:
         nonlocal iterator
-        iterator = iterator or iter(feed.repeat())
+        if iterator is None:
+            iterator = iter(feed.repeat())
         for _ in range(AHEAD_BATCHES):
             next(iterator)
         done, start = 0, time.perf_counter()
