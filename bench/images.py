@@ -214,13 +214,13 @@ def _tf_limit(values: list[bytes], cores: int, window: bool):
 
     from ray_tfrecord._src.io.images import crop_boxes  # not public: the window draw ImageTransform uses
 
-    shapes = np.array([simplejpeg.decode_jpeg_header(v)[:2] for v in values])
-    boxes, _ = crop_boxes(np.arange(len(values), dtype=np.uint64), shapes[:, 0], shapes[:, 1], (SIZE, SIZE))
-    data = tf.data.Dataset.from_tensor_slices((values, boxes.astype(np.int32)))
     if window:
-        data = data.map(lambda v, box: tf.io.decode_and_crop_jpeg(v, box, channels=3))
+        shapes = np.array([simplejpeg.decode_jpeg_header(v)[:2] for v in values])
+        boxes, _ = crop_boxes(np.arange(len(values), dtype=np.uint64), shapes[:, 0], shapes[:, 1], (SIZE, SIZE))
+        data = tf.data.Dataset.from_tensor_slices((values, boxes.astype(np.int32))).map(
+            lambda v, box: tf.io.decode_and_crop_jpeg(v, box, channels=3))
     else:
-        data = data.map(lambda v, box: tf.io.decode_jpeg(v, channels=3))
+        data = tf.data.Dataset.from_tensor_slices(values).map(lambda v: tf.io.decode_jpeg(v, channels=3))
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     data = data.with_options(options)
