@@ -17,6 +17,7 @@ cv2 = pytest.importorskip("cv2")
 simplejpeg = pytest.importorskip("simplejpeg")
 
 from ray_tfrecord import ImageError, ImageTransform  # noqa: E402
+from ray_tfrecord._src.core import jpeg  # noqa: E402
 from ray_tfrecord._src.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
 from ray_tfrecord._src.io.order import SEED_COLUMN  # noqa: E402
 
@@ -58,10 +59,19 @@ def _images(out: pa.Table, name: str = "image") -> np.ndarray:
 
 # --- exactness -------------------------------------------------------------------------------------------
 
+def assert_window_decode_close(actual: np.ndarray, expected: np.ndarray) -> None:
+    """The native window decode against decode-then-crop: a few edge pixels up to 4 levels apart
+    (the chroma upsampling at the window's edge), the rest equal; bit for bit without it."""
+    diff = np.abs(actual.astype(int) - expected)
+    if not jpeg.AVAILABLE:
+        np.testing.assert_array_equal(actual, expected)
+    assert diff.max() <= 4 and (diff > 0).mean() < 0.01, (diff.max(), (diff > 0).mean())
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_output_is_the_decoders_full_decode_cut_to_the_window(photo, training):
-    """Crops that stay under twice the output (no DCT scaling): bit for bit the decoder's full decode,
-    cut to the window crop_boxes gives, resized, and flipped where it says."""
+    """Crops that stay under twice the output (no DCT scaling): the decoder's full decode, cut to the
+    window crop_boxes gives, resized, and flipped where it says (up to the window decode's edges)."""
     jpeg = _jpeg(photo)
     n, size = 24, (224, 224)
     seeds = np.arange(n, dtype=np.uint64) * np.uint64(7919)
@@ -74,7 +84,7 @@ def test_output_is_the_decoders_full_decode_cut_to_the_window(photo, training):
         if min(h / size[0], w / size[1]) >= 2:
             continue
         expected = _resize(full[y:y + h, x:x + w], size)
-        np.testing.assert_array_equal(out[i], expected[:, ::-1] if flip else expected)
+        assert_window_decode_close(out[i], expected[:, ::-1] if flip else expected)
         checked += 1
     assert checked >= n // 2
     assert not training or 0 < flips.sum() < n
@@ -290,7 +300,7 @@ def test_progressive_jpeg_equals_its_baseline_twin(photo):
                                                                cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
     assert ok
     full = simplejpeg.decode_jpeg(progressive.tobytes())
-    np.testing.assert_array_equal(_eval(progressive.tobytes()), _eval_window(full))
+    assert_window_decode_close(_eval(progressive.tobytes()), _eval_window(full))
     assert np.abs(full.astype(int) - photo).mean() < 3
 
 

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from ray_tfrecord._src.core import jpeg
 from ray_tfrecord._src.core.errors import DecodeError
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.io.order import GOLDEN, SEED_COLUMN, splitmix64
@@ -283,38 +284,53 @@ def decode_window(value: Any, box: np.ndarray, size: tuple[int, int], channels: 
     """Decode the window ``box`` = ``(y, x, h, w)`` of one encoded image, resized to ``size``, into ``out``.
 
     A JPEG whose window stays at least ``size`` at 1/2 (1/4, 1/8) scale is decoded at that scale by
-    libjpeg-turbo's DCT and the window scaled with it. Raises ``ValueError`` or ``cv2.error`` for data
-    the decoders refuse.
+    libjpeg-turbo's DCT and the window scaled with it; where the native window decode is built
+    (``jpeg.AVAILABLE``) only the window's blocks are decoded. Raises ``ValueError`` or ``cv2.error``
+    for data the decoders refuse.
     """
-    import simplejpeg
-
     cv2 = cv2 or _cv2()
-    y, x, h, w = (int(v) for v in box)
     buf = np.frombuffer(value, np.uint8)
     if bytes(buf[:3]) == _JPEG_MAGIC:
-        colorspace = "RGB" if channels == 3 else "GRAY"
-        factor = min(h / size[0], w / size[1])
-        if factor >= 2:
-            full_h, full_w = simplejpeg.decode_jpeg_header(value)[:2]
-            image = simplejpeg.decode_jpeg(value, colorspace, min_height=math.ceil(full_h * size[0] / h),
-                                           min_width=math.ceil(full_w * size[1] / w), min_factor=2)
-            sy, sx = image.shape[0] / full_h, image.shape[1] / full_w
-            y, x = int(y * sy), int(x * sx)
-            h = max(min(round(h * sy), image.shape[0] - y), 1)
-            w = max(min(round(w * sx), image.shape[1] - x), 1)
-        else:
-            image = simplejpeg.decode_jpeg(value, colorspace)
+        window = _jpeg_window(value, tuple(int(v) for v in box), size, channels)
     else:
+        y, x, h, w = (int(v) for v in box)
         flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_COLOR_RGB if channels == 3 else cv2.IMREAD_GRAYSCALE)
         image = cv2.imdecode(buf, flags)
         if image is None:
             raise ValueError("neither a JPEG nor an image OpenCV can decode")
-    window = image[y:y + h, x:x + w]
+        window = image[y:y + h, x:x + w]
     target = out.reshape(size) if channels == 1 else out
     if flip:
         cv2.flip(cv2.resize(window, size[::-1], interpolation=cv2.INTER_LINEAR), 1, dst=target)
     else:
         cv2.resize(window, size[::-1], dst=target, interpolation=cv2.INTER_LINEAR)
+
+
+def _jpeg_window(value: Any, box: tuple[int, ...], size: tuple[int, int], channels: int) -> np.ndarray:
+    """The pixels of the window ``box`` of a JPEG, at the smallest DCT scale that keeps it at least ``size``."""
+    import simplejpeg
+
+    y, x, h, w = box
+    factor = min(h / size[0], w / size[1])
+    denom = next((d for d in (8, 4, 2) if factor >= d), 1)
+    if denom > 1:
+        full_h, full_w = simplejpeg.decode_jpeg_header(value)[:2]
+        scaled_h, scaled_w = -(-full_h // denom), -(-full_w // denom)
+        sy, sx = scaled_h / full_h, scaled_w / full_w
+        y, x = int(y * sy), int(x * sx)
+        h = max(min(round(h * sy), scaled_h - y), 1)
+        w = max(min(round(w * sx), scaled_w - x), 1)
+    if jpeg.AVAILABLE:
+        try:
+            return jpeg.decode_window(value, denom, channels, (y, x, h, w))
+        except jpeg.UnsupportedJpeg:
+            pass
+    colorspace = "RGB" if channels == 3 else "GRAY"
+    if denom == 1:
+        return simplejpeg.decode_jpeg(value, colorspace)[y:y + h, x:x + w]
+    # 1/denom exactly: the least factor at least denom whose image is at least the scaled size.
+    image = simplejpeg.decode_jpeg(value, colorspace, min_factor=denom, min_height=scaled_h, min_width=scaled_w)
+    return image[y:y + h, x:x + w]
 
 
 def _header(value: Any) -> tuple[int, int, str]:

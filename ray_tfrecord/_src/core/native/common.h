@@ -74,6 +74,10 @@
     X(INNER_OFFSETS_OUT_OF_RANGE, "inner list offsets out of range")                                \
     X(NULL_LIST_HOLDS_VALUES, "null-typed list holds values")                                       \
     X(LIST_OFFSETS_OUT_OF_RANGE, "list offsets out of range")                                       \
+    /* images (jpeg.c) */                                                                          \
+    X(JPEG_CORRUPT, "not a decodable JPEG")                                                         \
+    X(JPEG_UNSUPPORTED, "a JPEG the window decode leaves to another decoder (CMYK, YCCK, 12-bit)")  \
+    X(JPEG_BAD_WINDOW, "crop window outside the image")                                             \
     /* a codec bug, reported rather than written out */                                             \
     X(SIZE_MISMATCH, "internal error: encoded size mismatch")
 

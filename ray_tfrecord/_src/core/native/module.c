@@ -25,6 +25,7 @@
 #include "inspect.c"
 #include "encode.c"
 #include "arrow.c"
+#include "jpeg.c"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory the cores allocated, owned by a Python object from here on                 */
@@ -912,6 +913,32 @@ static PyTypeObject EncoderType = {
 /* ------------------------------------------------------------------------------------------ */
 /* The module: functions, result types, and the constants Python mirrors as IntEnums          */
 
+/* ------------------------------------------------------------------------------------------ */
+/* JPEG window decode (jpeg.c), where the build found libjpeg-turbo                            */
+
+#ifdef RT_HAVE_JPEG
+static PyObject *py_jpeg_window(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer data, out;
+    int denom, channels, y, x, h, w;
+    if (!PyArg_ParseTuple(args, "y*iiiiiiw*", &data, &denom, &channels, &y, &x, &h, &w, &out)) return NULL;
+    char message[RT_JPEG_MESSAGE];
+    rt_status s;
+    if (!PyBuffer_IsContiguous(&out, 'C')) {
+        s = RT_JPEG_BAD_WINDOW;
+        message[0] = 0;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        s = rt_jpeg_decode_window(data.buf, (size_t)data.len, denom, channels, y, x, h, w, out.buf, (size_t)out.len,
+                                  message);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (s == RT_OUT_OF_MEMORY) return PyErr_NoMemory();
+    return Py_BuildValue("(is)", (int)s, message[0] ? message : rt_status_message(s));
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))py_scan, METH_VARARGS | METH_KEYWORDS,
      "scan(buffer, verify=True, final=True, skip=False, limit=-1, resync=False) -> ScanResult"},
@@ -919,6 +946,10 @@ static PyMethodDef methods[] = {
     {"pool_held", py_pool_held, METH_NOARGS, "pool_held() -> int: bytes of recycled buffers kept for reuse"},
     {"inspect", py_inspect, METH_VARARGS, "inspect(buffer, positions, lengths, record_type) -> list[InspectedColumn]"},
     {"byte_array", py_byte_array, METH_VARARGS, "byte_array(buffer, positions, lengths) -> ByteArray"},
+#ifdef RT_HAVE_JPEG
+    {"jpeg_window", py_jpeg_window, METH_VARARGS,
+     "jpeg_window(data, denom, channels, y, x, h, w, out) -> (status, message): the window decoded into out"},
+#endif
     {"encode", py_encode, METH_VARARGS,
      "encode(record_type, nrows, columns) -> Encoded\n"
      "columns: objects with name, kind, shape, validity, validity_offset, row_offsets, inner_offsets, values, data\n"
