@@ -1,6 +1,7 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
- * inspect, encode, and the buffer pool they allocate from. They call the codec's Python-free units
+ * inspect, encode, the buffer pool they allocate from, and the JPEG window decode (jpeg, built where
+ * libjpeg-turbo is found: RT_HAVE_JPEG). They call the codec's Python-free units
  * (every .c file in ray_tfrecord/_src/core/native/ but module.c) directly: no Python header, no libpython.
  * Build one binary per target with -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh
  * does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with fuzz/driver.c it
@@ -24,6 +25,7 @@
 #include "../ray_tfrecord/_src/core/native/decode.h"
 #include "../ray_tfrecord/_src/core/native/encode.h"
 #include "../ray_tfrecord/_src/core/native/inspect.h"
+#include "../ray_tfrecord/_src/core/native/jpeg.h"
 #include "../ray_tfrecord/_src/core/native/scan.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -853,6 +855,32 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
     CHECK(rt_pool_held() <= RT_POOL_BYTES);
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+
+#ifdef RT_HAVE_JPEG
+/* Five bytes of window (scale and channels, y, x, h - 1, w - 1: small, so most windows fit the seeds'
+ * images), then the JPEG. Whatever the bytes, the decode returns one of its statuses and a message. */
+static int fuzz_jpeg(const uint8_t *data, size_t size) {
+    if (size < 5) return 0;
+    int denom = 1 << (data[0] & 3), channels = data[0] & 4 ? 1 : 3;
+    int y = data[1] & 63, x = data[2] & 63, h = (data[3] & 63) + 1, w = (data[4] & 63) + 1;
+    size_t len = (size_t)h * (size_t)w * (size_t)channels;
+    uint8_t *out = malloc(len);
+    CHECK(out != NULL);
+    char message[RT_JPEG_MESSAGE];
+    rt_status s = rt_jpeg_decode_window(data + 5, size - 5, denom, channels, y, x, h, w, out, len, message);
+    CHECK(s == RT_OK || s == RT_JPEG_CORRUPT || s == RT_JPEG_UNSUPPORTED || s == RT_JPEG_BAD_WINDOW ||
+          s == RT_OUT_OF_MEMORY);
+    CHECK(memchr(message, 0, RT_JPEG_MESSAGE) != NULL);
+    CHECK(s != RT_JPEG_BAD_WINDOW || message[0] == 0);
+    free(out);
+    /* Arguments that can never fit are refused before any byte of the JPEG is read. */
+    CHECK(rt_jpeg_decode_window(data + 5, size - 5, 3, 3, 0, 0, 1, 1, out, 3, message) == RT_JPEG_BAD_WINDOW);
+    CHECK(rt_jpeg_decode_window(data + 5, size - 5, 1, 3, 0, 0, 1, 1, out, 4, message) == RT_JPEG_BAD_WINDOW);
+    return 0;
+}
+#endif
 
 /* ------------------------------------------------------------------------------------------ */
 

@@ -111,9 +111,26 @@ def _pool_seeds() -> list[bytes]:
     return [bytes(rng.randrange(256) for _ in range(3 * n)) for n in (4, 16, 64, 256)]
 
 
+def _jpeg_seeds() -> list[bytes]:
+    """Small JPEGs of each kind the window decode meets, each behind a five-byte window (fuzz_jpeg)."""
+    import cv2
+    import numpy as np
+    import simplejpeg
+
+    rng = np.random.default_rng(17)
+    pixels = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    images = [simplejpeg.encode_jpeg(pixels, 85, colorsubsampling=sub) for sub in ("444", "422", "420", "411")]
+    images.append(simplejpeg.encode_jpeg(pixels[:, :, :1].copy(), 85, colorspace="GRAY", colorsubsampling="Gray"))
+    images.append(simplejpeg.encode_jpeg(np.dstack([pixels, pixels[:, :, 0]]), 85, colorspace="CMYK"))
+    images.append(cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes())
+    images.append(images[2][: len(images[2]) // 2])
+    windows = [bytes([0, 4, 8, 15, 23]), bytes([1, 0, 0, 19, 27]), bytes([6, 2, 3, 1, 1]), bytes([3, 0, 0, 4, 6])]
+    return [window + image for image in images for window in windows]
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "corpus")
-    targets = ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool")
+    targets = ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool", "jpeg")
     seeds: dict[str, list[bytes]] = {t: [] for t in targets}
     streams, example_payloads, sequence_payloads = [], [], []
     for batch, rtype, spec in batches():
@@ -143,6 +160,7 @@ def main() -> None:
     for first in range(0, 256, 5):
         seeds["encode"].append(bytes([first]) + bytes(rng.randrange(256) for _ in range(rng.randrange(16, 400))))
     seeds["pool"] = _pool_seeds()
+    seeds["jpeg"] = _jpeg_seeds()
     for target, items in seeds.items():
         d = out / target
         d.mkdir(parents=True, exist_ok=True)

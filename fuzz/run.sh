@@ -18,7 +18,7 @@ MODE=${1:-fuzz}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${FUZZ_OUT:-$ROOT/fuzz/build}
 SECONDS_PER=${FUZZ_SECONDS:-$([ "$MODE" = smoke ] && echo 5 || echo 60)}
-TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode pool}
+TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode pool jpeg}
 SRC="$ROOT/fuzz/fuzz_native.c"
 UNITS=()
 for f in "$ROOT"/ray_tfrecord/_src/core/native/*.c; do [ "$(basename "$f")" = module.c ] || UNITS+=("$f"); done
@@ -36,6 +36,19 @@ for cand in "$ROOT/.venv/bin/python" python3.11 python3; do
     command -v "$cand" >/dev/null 2>&1 && PY=$cand
 done
 WARN=(-std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function) # one target used per binary
+
+# The jpeg target links the system's libjpeg-turbo (>= 1.5: the crop API), uninstrumented; without
+# it the target is left out, as setup.py then builds the extension without the window decode.
+JPEG=()
+jpeg_probe=$(mktemp -d)
+printf '#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_decompress_struct c; JDIMENSION x = 0, w = 1;\n jpeg_crop_scanline(&c, &x, &w); return 0; }\n' > "$jpeg_probe/p.c"
+if cc "$jpeg_probe/p.c" -o "$jpeg_probe/p" -ljpeg >/dev/null 2>&1; then
+    JPEG=(-DRT_HAVE_JPEG -ljpeg)
+elif [[ " $TARGETS " == *" jpeg "* ]]; then
+    say "WARNING: no libjpeg-turbo with the crop API (e.g. apt-get install libjpeg62-turbo-dev): the jpeg target is left out"
+    TARGETS=$(echo " $TARGETS " | sed 's/ jpeg / /; s/^ *//; s/ *$//')
+fi
+rm -rf "$jpeg_probe"
 
 links() { # compiler flags...: can it build a trivial program with these?
     local dir; dir=$(mktemp -d)
@@ -65,7 +78,7 @@ build() { # kind: libfuzzer | driver-san | driver-plain; compiler in $CC_FUZZ
     mkdir -p "$OUT/bin-$kind"
     for t in $TARGETS; do
         "$CC_FUZZ" "${flags[@]}" "${WARN[@]}" -pthread -DFUZZ_TARGET="fuzz_$t" "$SRC" "${UNITS[@]}" "${extra[@]}" \
-            -o "$OUT/bin-$kind/$t" >"$OUT/build-$kind.log" 2>&1 || return 1
+            "${JPEG[@]}" -o "$OUT/bin-$kind/$t" >"$OUT/build-$kind.log" 2>&1 || return 1
     done
 }
 
