@@ -17,8 +17,10 @@ line:
 - ``tf.data full decode``: the same with ``decode_jpeg`` of the whole image, then the crop.
 - ``limit`` lines, one per decoder the section uses: one thread of it decoding the same bytes, times
   the cores, what a perfectly parallel decode would reach. simplejpeg's full decodes (ImageTransform's
-  decoder, and the line the ratios are taken against), TensorFlow's ``decode_jpeg`` (the full-decode
-  pipeline's) and ``decode_and_crop_jpeg`` on random-resized-crop windows (the reference's).
+  decoder where the build has no window decode, and the line the ratios are taken against),
+  ImageTransform's native window decode on random-resized-crop windows (where the build has it),
+  TensorFlow's ``decode_jpeg`` (the full-decode pipeline's) and ``decode_and_crop_jpeg`` on the same
+  windows (the reference's).
 - ``ray_tfrecord, Ray Data only``: the same Ray Data pipeline drained by ``iter_batches`` with no
   TensorFlow, so that the feed's own share shows beside it.
 
@@ -204,6 +206,31 @@ def _limit(values: list[bytes], cores: int) -> float:
     return cores * len(values) / (time.perf_counter() - start)
 
 
+def _window_limit(values: list[bytes], cores: int):
+    """One thread of ImageTransform's native window decode (libjpeg-turbo's crop API) on each image's
+    random-resized-crop window, the same windows as the ``decode_and_crop_jpeg`` line, times the cores;
+    None where the build has no window decode."""
+    import numpy as np
+    import simplejpeg
+
+    from ray_tfrecord._src.core import jpeg  # not public: ImageTransform's decoder
+    from ray_tfrecord._src.io.images import crop_boxes  # not public: the window draw ImageTransform uses
+
+    if not jpeg.AVAILABLE:
+        return None
+    shapes = np.array([simplejpeg.decode_jpeg_header(v)[:2] for v in values])
+    boxes, _ = crop_boxes(np.arange(len(values), dtype=np.uint64), shapes[:, 0], shapes[:, 1], (SIZE, SIZE))
+    windows = [tuple(int(b) for b in box) for box in boxes]
+
+    def measure() -> float:
+        start = time.perf_counter()
+        for v, box in zip(values, windows):
+            jpeg.decode_window(v, 1, 3, box)
+        return cores * len(values) / (time.perf_counter() - start)
+
+    return measure
+
+
 def _tf_limit(values: list[bytes], cores: int, window: bool):
     """One thread of TensorFlow's decoder over every image, times the cores: ``decode_jpeg`` in full, or
     ``decode_and_crop_jpeg`` on each image's random-resized-crop window (ImageTransform's draw, which
@@ -251,8 +278,11 @@ def run(ctx) -> list[dict]:
     return rows
 
 
+WINDOW_LIMIT = "limit: ray_tfrecord window decode"
 NOTES = {
-    "limit: simplejpeg full decode": "one thread of simplejpeg full decodes (ImageTransform's decoder) x {cores} cores",
+    "limit: simplejpeg full decode": "one thread of simplejpeg full decodes x {cores} cores",
+    WINDOW_LIMIT: "one thread of ImageTransform's window decode (libjpeg-turbo's crop API; the whole scan "
+                  "still entropy-decoded) on the same windows x {cores} cores",
     "limit: TensorFlow decode_jpeg": "one thread of tf.io.decode_jpeg, full decodes, x {cores} cores",
     "limit: TensorFlow decode_and_crop_jpeg": "one thread of tf.io.decode_and_crop_jpeg on random-resized-crop "
                                               "windows (the reference's decoder) x {cores} cores",
@@ -281,6 +311,7 @@ def _one_set(once: list[str], n: int, cores: int) -> list[dict]:
     ds, ours = _ours(files, cores)
     lines = {
         FULL_LIMIT: lambda: _limit(values, cores),
+        WINDOW_LIMIT: _window_limit(values, cores),
         "limit: TensorFlow decode_jpeg": _tf_limit(values, cores, window=False),
         "limit: TensorFlow decode_and_crop_jpeg": _tf_limit(values, cores, window=True),
         "tf.data reference": lambda: _drain(reference),
@@ -291,6 +322,7 @@ def _one_set(once: list[str], n: int, cores: int) -> list[dict]:
         "ray_tfrecord -> fit": _fitter(ours, n * PASSES),
         "tf.data reference -> fit": _fitter(reference, n * PASSES),
     }
+    lines = {name: measure for name, measure in lines.items() if measure is not None}
     # A warm-up pass each (Ray's workers, TensorFlow's tracing), then rounds taking turns, so that a
     # burst of load from other processes does not land on one line only; the median round counts.
     for measure in lines.values():

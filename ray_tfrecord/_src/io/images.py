@@ -12,10 +12,12 @@ without a copy per image) and keeps every other column.
 - ``training=False``: tensorflow/models' evaluation crop: the centre ``size / (size + 32)`` of the
   shorter side, resized to ``size``.
 
-Decoders: JPEG through simplejpeg (libjpeg-turbo; strict, so a truncated or damaged JPEG is an error,
-not a grey image; decoded at 1/2, 1/4 or 1/8 scale by the DCT when the crop stays at least the output
-size); anything else (PNG, grayscale, 16-bit, palette, alpha) and the resize through OpenCV. Both
-release the GIL, so ``threads=`` decode images of a batch in parallel.
+Decoders: JPEG through the native window decode (``core.jpeg``: only the crop window's blocks go
+through the inverse DCT) where the build linked libjpeg-turbo, else, and for CMYK and YCCK, through
+simplejpeg; both strict, so a truncated or damaged JPEG is an error, not a grey image, and both decode
+at 1/2, 1/4 or 1/8 scale by the DCT when the crop stays at least the output size. Anything else (PNG,
+grayscale, 16-bit, palette, alpha) and the resize go through OpenCV. All release the GIL, so
+``threads=`` decode images of a batch in parallel.
 
 Randomness. A batch with a ``__seed__`` column (uint64 per row: ``ResumableFeed`` derives it from
 ``(seed, epoch, the row's place in the data)``) draws each row's crop and flip from that row's seed
