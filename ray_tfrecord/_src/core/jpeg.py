@@ -14,15 +14,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from ray_tfrecord._src.core import _native
+from . import _native
+from ._contract import Status
 
 __all__ = ["AVAILABLE", "UnsupportedJpeg", "decode_window"]
 
 AVAILABLE: Final[bool] = hasattr(_native, "jpeg_window")
-
-_OK = _native.STATUS["OK"]
-_UNSUPPORTED = _native.STATUS["JPEG_UNSUPPORTED"]
-_BAD_WINDOW = _native.STATUS["JPEG_BAD_WINDOW"]
 
 
 class UnsupportedJpeg(Exception):
@@ -39,10 +36,10 @@ def decode_window(data: Any, denom: int, channels: int, box: tuple[int, int, int
     y, x, h, w = box
     out = np.empty((h, w, channels), np.uint8)
     status, message = _native.jpeg_window(data, denom, channels, y, x, h, w, out)
-    if status == _OK:
+    if status == Status.OK:
         return out
-    if status == _UNSUPPORTED:
+    if status == Status.JPEG_UNSUPPORTED:
         raise UnsupportedJpeg(message)
-    if status == _BAD_WINDOW:
+    if status == Status.JPEG_BAD_WINDOW:
         raise ValueError(f"{message}: window (y={y}, x={x}, h={h}, w={w}) at 1/{denom} scale")
     raise ValueError(message)
