@@ -119,3 +119,19 @@ def test_without_libjpeg_turbo_the_extension_builds_and_images_decode_whole(tmp_
              "spec.loader.exec_module(m); print(hasattr(m, 'jpeg_window'), 'JPEG_CORRUPT' in m.STATUS)")
     out = subprocess.run([sys.executable, "-c", probe, str(built[0])], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_build_without_it_says_once_that_it_decodes_whole_jpegs(monkeypatch, caplog):
+    import pyarrow as pa
+
+    from ray_tfrecord import ImageTransform
+    from ray_tfrecord._src.io import images
+
+    monkeypatch.setattr(jpeg, "AVAILABLE", False)
+    monkeypatch.setattr(images, "_WHOLE_NOTE", images.threading.Lock())
+    value = simplejpeg.encode_jpeg(_picture(60, 80, 4), 90)
+    with caplog.at_level("INFO", logger=images.__name__):
+        for _ in range(2):
+            ImageTransform(32, training=True, seed=0, threads=2)(pa.table({"image/encoded": [value] * 8}))
+    notes = [r.getMessage() for r in caplog.records if "decodes whole JPEGs" in r.getMessage()]
+    assert len(notes) == 1 and "built without libjpeg-turbo" in notes[0]

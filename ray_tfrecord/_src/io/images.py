@@ -138,6 +138,9 @@ def _cv2() -> Any:
     return cv2
 
 
+# Taken, never released, by the first decode of a build without the window decode: one note a process.
+_WHOLE_NOTE = threading.Lock()
+
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -327,6 +330,10 @@ def _jpeg_window(value: Any, box: tuple[int, ...], size: tuple[int, int], channe
             return jpeg.decode_window(value, denom, channels, (y, x, h, w))
         except jpeg.UnsupportedJpeg:
             pass
+    elif _WHOLE_NOTE.acquire(blocking=False):
+        log.info("ImageTransform decodes whole JPEGs: ray_tfrecord was built without libjpeg-turbo, so "
+                 "without its window decode (see docs/install.md: Python >= 3.12 brings one; on 3.11 "
+                 "install libjpeg-turbo's headers and reinstall)")
     colorspace = "RGB" if channels == 3 else "GRAY"
     if denom == 1:
         return simplejpeg.decode_jpeg(value, colorspace)[y:y + h, x:x + w]
