@@ -87,13 +87,15 @@ RT_API rt_status rt_jpeg_decode_window(const uint8_t *data, size_t n, int denom,
     if ((unsigned)y > cinfo.output_height || (unsigned)h > cinfo.output_height - (unsigned)y ||
         (unsigned)x > cinfo.output_width || (unsigned)w > cinfo.output_width - (unsigned)x)
         jpeg_fail((j_common_ptr)&cinfo, RT_JPEG_BAD_WINDOW);
-    /* The crop runs on past the window: the chroma upsampling at its right edge needs the next
-     * samples, and a progressive JPEG's block smoothing the next blocks. A crop that ended at the
-     * window would change the window's last columns by up to 25 levels. */
-    JDIMENSION left = (JDIMENSION)x, past = (JDIMENSION)(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size);
+    /* The crop reaches one iMCU column past the window on either side: the chroma upsampling at a
+     * crop's edge replicates its last samples where a full decode has the next ones, which changed
+     * the window's edge columns by up to 25 levels. A progressive JPEG's block smoothing reaches
+     * further, so it is not cropped across at all (its rows are still skipped). */
+    JDIMENSION past = (JDIMENSION)(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size);
     JDIMENSION right = cinfo.output_width - (JDIMENSION)x - (JDIMENSION)w; /* columns right of the window */
-    JDIMENSION width = (JDIMENSION)w + (cinfo.progressive_mode || past >= right ? right : past);
-    /* It starts on an iMCU column at or left of x: the window is [x - left, + w) of each row. */
+    JDIMENSION left = cinfo.progressive_mode || past >= (JDIMENSION)x ? 0 : (JDIMENSION)x - past;
+    JDIMENSION width = (JDIMENSION)x - left + (JDIMENSION)w + (cinfo.progressive_mode || past >= right ? right : past);
+    /* jpeg_crop_scanline moves left down to an iMCU column: the window is [x - left, + w) of each row. */
     if (left > 0 || width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &left, &width);
     if (left > (JDIMENSION)x || width < (JDIMENSION)(x - (int)left + w) || cinfo.output_width != width)
         jpeg_fail((j_common_ptr)&cinfo, RT_JPEG_BAD_WINDOW);
