@@ -214,7 +214,7 @@ def _window_limit(values: list[bytes], cores: int):
     import simplejpeg
 
     from ray_tfrecord._src.core import jpeg  # not public: ImageTransform's decoder
-    from ray_tfrecord._src.io.images import crop_boxes  # not public: the window draw ImageTransform uses
+    from ray_tfrecord._src.data.feed.images import crop_boxes  # not public: the window draw ImageTransform uses
 
     if not jpeg.AVAILABLE:
         return None
@@ -239,7 +239,7 @@ def _tf_limit(values: list[bytes], cores: int, window: bool):
     import simplejpeg
     import tensorflow as tf
 
-    from ray_tfrecord._src.io.images import crop_boxes  # not public: the window draw ImageTransform uses
+    from ray_tfrecord._src.data.feed.images import crop_boxes  # not public: the window draw ImageTransform uses
 
     if window:
         shapes = np.array([simplejpeg.decode_jpeg_header(v)[:2] for v in values])

@@ -44,7 +44,7 @@ class _CommitClock:
     """The seconds our driver spends in ``Commit.finish`` (the commit), summed over a write."""
 
     def __init__(self) -> None:
-        from ray_tfrecord._src.io.commit import Commit
+        from ray_tfrecord._src.data.write.commit import Commit
 
         self.seconds = 0.0
         real = Commit.finish

@@ -32,7 +32,7 @@ def _fresh_copy(ctx, dataset: str, into: Path) -> str:
 
 
 def _bench(ctx, dataset: str, scratch: Path) -> list[dict]:
-    from ray_tfrecord._src.io.indexing import CACHE_DIR_ENV
+    from ray_tfrecord._src.data.feed.indexing import CACHE_DIR_ENV
     from ray_tfrecord.tf import plan_splits
 
     schema = ctx.tabular_schema if dataset == "tabular" else ctx.image_schema

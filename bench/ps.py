@@ -58,7 +58,7 @@ def _ps_loop(config):
     def dataset_fn(input_context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         return tfrecord_dataset(plan, feature_columns="pixels", label_columns="label", batch_size=BATCH,
-                                shard=(worker, workers), shuffle_buffer=256, seed=0).repeat()
+                                shard=(worker, workers), local_shuffle_buffer_size=256, local_shuffle_seed=0).repeat()
 
     with strategy.scope():
         model = _model(tf)

@@ -195,7 +195,7 @@ MIX_ROWS, MIX_LABELS, MIX_BATCH, MIX_WIDTH = 100_000, 10, 256, 200
 def _mixing(ctx) -> list[dict]:
     """Distinct labels per 256-row batch on ``write_tfrecords(partition_cols=["label"])`` data (100,000
     rows of ``MIX_WIDTH`` floats, 10 labels, a directory each), 2 ranks: the resumable feed with its
-    default ``mix``, with ``mix=1`` (a split's rows only), and tf.data's usual recipe (files shuffled,
+    default ``block_splits``, with ``block_splits=1`` (a split's rows only), and tf.data's usual recipe (files shuffled,
     ``interleave(cycle_length=4)``, ``shuffle(10_000)``).  Memory: the largest block a read task holds
     decoded (``mix`` splits), as Arrow bytes."""
     import glob
@@ -205,7 +205,7 @@ def _mixing(ctx) -> list[dict]:
     import tensorflow as tf
 
     import ray_tfrecord
-    from ray_tfrecord._src.io.order import mix_blocks
+    from ray_tfrecord._src.data.feed.order import mix_blocks
     from ray_tfrecord.tf import ResumableFeed, plan_splits
 
     path = os.path.join(ctx.tmp, "by_label")
@@ -221,11 +221,11 @@ def _mixing(ctx) -> list[dict]:
     for mix in (16, 1):
         counts = []
         for rank in range(2):
-            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, mix=mix,
+            feed = ResumableFeed(plan, feature_columns="x", label_columns="label", batch_size=MIX_BATCH, block_splits=mix,
                                  rank=rank, world_size=2)
             counts += [len(set(labels.numpy()[w.numpy() > 0].tolist())) for _, labels, w in feed.dataset()]
         block = max(sum(plan.splits[i].rows for i in b) for b in mix_blocks(len(plan.splits), mix))
-        results[f"ResumableFeed, mix={mix}"] = (counts, block * row_bytes)
+        results[f"ResumableFeed, block_splits={mix}"] = (counts, block * row_bytes)
     files = sorted(glob.glob(os.path.join(path, "label=*", "*.tfrecord")))
     label_of = {f: int(f.split("label=")[1].split("/")[0]) for f in files}
     # Each record stands for its file (its label), in the order the recipe reads records: no parsing needed.

@@ -80,7 +80,7 @@ def _measure(paths: str) -> dict:
 
     import ray_tfrecord
     from ray_tfrecord import TFRecordDatasource
-    from ray_tfrecord._src.io.planning import default_read_tasks
+    from ray_tfrecord._src.data.read.planning import default_read_tasks
 
     t0 = time.perf_counter()
     ray_tfrecord.read_tfrecords(paths)

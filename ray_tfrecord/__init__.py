@@ -42,27 +42,27 @@ from ._src.core.public import lazy_names as _lazy_names
 from ._src.core.schema import infer_schema
 
 if TYPE_CHECKING:
-    from ._src.io.datasink import TFRecordDatasink, write_tfrecords
-    from ._src.io.datasource import TFRecordDatasource, read_tfrecords
-    from ._src.io.images import ImageError, ImageTransform
-    from ._src.io.order import SEED_COLUMN
-    from ._src.io.progress import set_stall_timeout
-    from ._src.io.transforms import WEIGHT_COLUMN, TransformError
+    from ._src.data.feed.images import ImageError, ImageTransform
+    from ._src.data.feed.order import SEED_COLUMN
+    from ._src.data.feed.transforms import WEIGHT_COLUMN, TransformError
+    from ._src.data.progress import set_stall_timeout
+    from ._src.data.read.datasource import TFRecordDatasource, read_tfrecords
+    from ._src.data.write.datasink import TFRecordDatasink, write_tfrecords
 
 # Ray loads only when a name that needs it is first used.
 _LAZY = {
-    "read_tfrecords": "ray_tfrecord._src.io.datasource",
-    "TFRecordDatasource": "ray_tfrecord._src.io.datasource",
-    "write_tfrecords": "ray_tfrecord._src.io.datasink",
-    "TFRecordDatasink": "ray_tfrecord._src.io.datasink",
-    "set_stall_timeout": "ray_tfrecord._src.io.progress",
-    "ImageTransform": "ray_tfrecord._src.io.images",
-    "ImageError": "ray_tfrecord._src.io.images",
+    "read_tfrecords": "ray_tfrecord._src.data.read.datasource",
+    "TFRecordDatasource": "ray_tfrecord._src.data.read.datasource",
+    "write_tfrecords": "ray_tfrecord._src.data.write.datasink",
+    "TFRecordDatasink": "ray_tfrecord._src.data.write.datasink",
+    "set_stall_timeout": "ray_tfrecord._src.data.progress",
+    "ImageTransform": "ray_tfrecord._src.data.feed.images",
+    "ImageError": "ray_tfrecord._src.data.feed.images",
     # The resumable feed's columns and its transform's error: a transform running on a node without
     # TensorFlow imports them from here.
-    "SEED_COLUMN": "ray_tfrecord._src.io.order",
-    "WEIGHT_COLUMN": "ray_tfrecord._src.io.transforms",
-    "TransformError": "ray_tfrecord._src.io.transforms",
+    "SEED_COLUMN": "ray_tfrecord._src.data.feed.order",
+    "WEIGHT_COLUMN": "ray_tfrecord._src.data.feed.transforms",
+    "TransformError": "ray_tfrecord._src.data.feed.transforms",
 }
 
 __all__ = [

@@ -32,9 +32,9 @@ from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import STAGING_DIR, SUCCESS_MARKER
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.commit import Commit
-from ray_tfrecord._src.io.datasink import TFRecordDatasink
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.write.commit import Commit
+from ray_tfrecord._src.data.write.datasink import TFRecordDatasink
 from tests.test_faults import assert_rows_exactly_once, id_table, reap_session, visible_files
 
 pytestmark = [

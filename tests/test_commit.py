@@ -1,4 +1,4 @@
-"""The commit protocol on its own (ray_tfrecord._src.io.commit), on a local directory and without Ray:
+"""The commit protocol on its own (ray_tfrecord._src.data.write.commit), on a local directory and without Ray:
 staging, the save modes, moves with sidecars first, overwrite's deletions, the recorded schema,
 ``_SUCCESS`` last, name clashes refused before anything moves, and an aborted write."""
 
@@ -14,7 +14,7 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
-from ray_tfrecord._src.io.commit import Commit, StagedFile
+from ray_tfrecord._src.data.write.commit import Commit, StagedFile
 from tests.filesystems import DelegatingHandler
 
 LOCAL = pafs.LocalFileSystem()
@@ -169,7 +169,7 @@ def test_an_aborted_write_leaves_nothing_visible(tmp_path):
 
 
 def test_the_commit_protocol_imports_no_ray():
-    code = "import sys, ray_tfrecord._src.io.commit; assert 'ray' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, ray_tfrecord._src.data.write.commit; assert 'ray' not in sys.modules, sorted(sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr[-3000:]

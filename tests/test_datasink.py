@@ -17,9 +17,9 @@ from ray.exceptions import UserCodeException
 
 from ray_tfrecord import SchemaError, TFRecordError, read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.index import RecordIndex, build_index, index_path, is_index_path
-from ray_tfrecord._src.io.compat import TaskContext
-from ray_tfrecord._src.io.datasink import TFRecordDatasink
-from ray_tfrecord._src.io.listing import list_files
+from ray_tfrecord._src.data.compat import TaskContext
+from ray_tfrecord._src.data.read.listing import list_files
+from ray_tfrecord._src.data.write.datasink import TFRecordDatasink
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

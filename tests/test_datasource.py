@@ -22,7 +22,7 @@ from ray.data.datasource.partitioning import Partitioning, PathPartitionFilter
 from ray_tfrecord import CorruptRecordError, NotTFRecordError, read_tfrecords
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.index import build_index, index_path, write_index
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from tests.filesystems import DelegatingHandler
 
 pytestmark = pytest.mark.timeout(300)

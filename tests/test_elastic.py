@@ -16,7 +16,7 @@ import ray
 import tensorflow as tf
 
 from ray_tfrecord import StallError
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.data import compat
 from ray_tfrecord.tf import ResumableFeed, tensorflow_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -33,8 +33,8 @@ from ray.data.datasource import ReadTask
 from ray_tfrecord import encode, read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.framing import RecordWriter
 from ray_tfrecord._src.core.index import index_path
-from ray_tfrecord._src.io.datasink import TFRecordDatasink
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.write.datasink import TFRecordDatasink
 
 pytestmark = pytest.mark.timeout(300)
 # Workers cannot import this module (tests/ is not installed); ship its functions by value.

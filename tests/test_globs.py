@@ -20,8 +20,8 @@ from ray.data.datasource import Partitioning
 from ray_tfrecord import TFRecordError, read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.schema import read_stored_schema
-from ray_tfrecord._src.io.globs import is_glob, parse_glob
-from ray_tfrecord._src.io.listing import list_files
+from ray_tfrecord._src.data.read.globs import is_glob, parse_glob
+from ray_tfrecord._src.data.read.listing import list_files
 from tests.filesystems import DelegatingHandler
 from tests.test_s3 import BUCKET, s3  # noqa: F401 (the moto S3 fixture)
 

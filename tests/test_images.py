@@ -18,8 +18,8 @@ simplejpeg = pytest.importorskip("simplejpeg")
 
 from ray_tfrecord import ImageError, ImageTransform  # noqa: E402
 from ray_tfrecord._src.core import jpeg  # noqa: E402
-from ray_tfrecord._src.io.images import ASPECT_RANGE, crop_boxes  # noqa: E402
-from ray_tfrecord._src.io.order import SEED_COLUMN  # noqa: E402
+from ray_tfrecord._src.data.feed.images import ASPECT_RANGE, crop_boxes  # noqa: E402
+from ray_tfrecord._src.data.feed.order import SEED_COLUMN  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train_examples"))
 from imagenet_like import SMOOTH_GRAIN, image_table, write_image_set  # noqa: E402
@@ -353,7 +353,7 @@ def test_tf_dataset_takes_the_tensor_column_as_one_dense_uint8_batch(ray_local, 
 
 
 def test_the_resumable_feed_augments_a_resumed_epoch_bit_for_bit_as_an_uninterrupted_one(ray_local, tmp_path):
-    from ray_tfrecord._src.io.splits import plan_splits
+    from ray_tfrecord._src.data.feed.splits import plan_splits
     from ray_tfrecord._src.tf.resume import ResumableFeed
 
     write_image_set(str(tmp_path / "set"), 40, files=4, seed=8)

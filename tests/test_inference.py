@@ -215,3 +215,36 @@ def test_a_checkpointed_inference_needs_one_key_column(ray_local):
     with pytest.raises(ValueError, match="exactly one key column"):
         inference(ray.data.range(3), "unused.keras", "/nonexistent", feature_columns="id", key_columns=["id", "id2"],
                   checkpoint_path="/nonexistent-checkpoint")
+
+
+@pytest.mark.skipif(not ray_tfrecord._src.data.compat.CHECKPOINTS, reason="Ray without job checkpointing")
+def test_a_checkpointed_rerun_works_out_its_facts_once(ray_local, tmp_path, monkeypatch):
+    """A rerun of a checkpointed inference asks whether the checkpoint holds records once (a listing of
+    its directory, a round trip on S3), checks the cluster once and runs one watchdog, however many
+    layers (predict, the sink, the commit) need the answer. The rerun is told so by the one listing: the
+    answer is True here, as a killed run would leave it, and the job still writes every key."""
+    from ray_tfrecord._src.data import compat, progress
+
+    model, table = _dense_model(), _table()
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    ray_tfrecord.write_tfrecords(ray.data.from_arrow(table), str(tmp_path / "input"))
+    ds = ray_tfrecord.read_tfrecords(str(tmp_path / "input"))  # its own check of the cluster, before counting
+    calls = {"listings": 0, "preflights": 0, "watchdogs": 0}
+
+    def rerun(config):
+        calls["listings"] += 1
+        compat_listing(config)
+        return True
+
+    compat_listing = compat.checkpoint_started
+    monkeypatch.setattr(compat, "checkpoint_started", rerun)
+    for name, real in (("preflights", progress.preflight), ("watchdogs", progress.Watchdog)):
+        def counted(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(progress, "preflight" if name == "preflights" else "Watchdog", counted)
+    inference(ds, path, tmp_path / "out", feature_columns="x", key_columns=["id"], output_format="parquet",
+              checkpoint_path=str(tmp_path / "checkpoint"))  # num_cpus: what fits beside the filter
+    assert calls == {"listings": 1, "preflights": 1, "watchdogs": 1}
+    assert sorted(pq.read_table(str(tmp_path / "out")).column("id").to_pylist()) == table.column("id").to_pylist()

@@ -29,7 +29,7 @@ from ray.data.context import DataContext
 
 from ray_tfrecord import StallError, read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.layout import STAGING_DIR
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.data import compat
 from tests.test_checkpoint_jobs import run_driver, start_ray
 from tests.test_faults import visible_files
 

@@ -126,7 +126,7 @@ def test_a_build_without_it_says_once_that_it_decodes_whole_jpegs(monkeypatch, c
     import pyarrow as pa
 
     from ray_tfrecord import ImageTransform
-    from ray_tfrecord._src.io import images
+    from ray_tfrecord._src.data.feed import images
 
     monkeypatch.setattr(jpeg, "AVAILABLE", False)
     monkeypatch.setattr(images, "_WHOLE_NOTE", images.threading.Lock())

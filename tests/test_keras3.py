@@ -15,7 +15,7 @@ import pytest
 import ray
 import tensorflow as tf
 
-from ray_tfrecord._src.io import compat
+from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.tf.feed import tf_dataset
 from ray_tfrecord._src.tf.inference import predict
 from ray_tfrecord._src.tf.train import KerasVersionError, _check_worker_keras, tensorflow_trainer

@@ -14,7 +14,7 @@ from ray_tfrecord._src.core import codec
 from ray_tfrecord._src.core.framing import RecordWriter
 from ray_tfrecord._src.core.layout import SCHEMA_FILE
 from ray_tfrecord._src.core.schema import stored_schema
-from ray_tfrecord._src.io.splits import plan_splits, read_pieces
+from ray_tfrecord._src.data.feed.splits import plan_splits, read_pieces
 from ray_tfrecord._src.tf.native_reader import shard_runs
 from ray_tfrecord._src.tf.tensors import tensors_from_arrow
 from ray_tfrecord.tf import tf_dataset, tfrecord_dataset
@@ -153,7 +153,7 @@ def test_each_epochs_shards_hold_every_row_once_in_equal_parts(tmp_path):
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
         # A shard's splits of one file are one read, from the first one's byte offset.
         assert sum(len(shard_runs(plan, i, count)) for i in range(count)) <= 3 + count - 1
-    shuffled = tfrecord_dataset(plan, feature_columns="id", batch_size=8, shard=(1, 2), shuffle_buffer=16, seed=1,
+    shuffled = tfrecord_dataset(plan, feature_columns="id", batch_size=8, shard=(1, 2), local_shuffle_buffer_size=16, local_shuffle_seed=1,
                                 drop_last=False)
     epochs = [[int(x) for x in shuffled.unbatch()] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == ids[60:]

@@ -1,6 +1,6 @@
 """Datasets on object stores, against real local servers started here: S3 (moto) and GCS (fake-gcs-server).
 
-Writes go to their final keys and commit by one manifest write (ray_tfrecord._src.io.commit); these tests
+Writes go to their final keys and commit by one manifest write (ray_tfrecord._src.data.write.commit); these tests
 hold every save mode, partitions, GZIP, split reads from the manifest's indexes, ``plan_splits``, the
 requests a file costs, ``gs://`` without ``filesystem=``, and writes killed (SIGKILL of the whole driver)
 in their tasks and between the commit and its deletes: our readers see the old data or the new, never a
@@ -28,11 +28,11 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import read_manifest
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.dataset_files import orphans, unlisted_files
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
-from ray_tfrecord._src.io.splits import plan_splits
-from ray_tfrecord._src.io.stores import EMULATOR_ENV
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.feed.splits import plan_splits
+from ray_tfrecord._src.data.filesystems import EMULATOR_ENV
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.write.dataset_files import orphans, unlisted_files
 from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
 from tests.test_checkpoint_jobs import run_driver
 
@@ -214,7 +214,7 @@ def killed_writer(kind: str, endpoint: str, name: str, point: str, marker: str) 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     fs = _SERVERS[kind][1](endpoint)
     if point == "commit":
-        from ray_tfrecord._src.io import commit
+        from ray_tfrecord._src.data.write import commit
 
         real = commit.write_manifest
 
@@ -266,7 +266,7 @@ def test_killed_overwrite_shows_old_or_new_and_clean_removes_the_rest(ray_local,
         assert orphans(store.fs, store.path(name)) == left
         assert cli(["clean", uri]) == 0
     else:
-        from ray_tfrecord._src.io.dataset_files import remove
+        from ray_tfrecord._src.data.write.dataset_files import remove
 
         remove(store.fs, left)
     assert orphans(store.fs, store.path(name)) == []

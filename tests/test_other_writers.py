@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from ray_tfrecord import NotTFRecordError, TFRecordError, read_tfrecords
-from ray_tfrecord._src.io.foreign import is_sidecar
-from ray_tfrecord._src.io.listing import list_files
+from ray_tfrecord._src.data.read.foreign import is_sidecar
+from ray_tfrecord._src.data.read.listing import list_files
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 EXPECTED = json.loads((FIXTURES / "EXPECTED.json").read_text())
@@ -83,13 +83,13 @@ def test_spark_directory_skips_the_crc_files_success_and_a_leftover_attempt(ray_
 
 @pytest.mark.parametrize("name", ["tfrecord_pkg", "dali"])
 def test_index_files_of_the_tfrecord_package_and_dali_are_left_out(ray_local, caplog, name):
-    with caplog.at_level(logging.INFO, logger="ray_tfrecord._src.io.foreign"):
+    with caplog.at_level(logging.INFO, logger="ray_tfrecord._src.data.read.foreign"):
         read_and_compare(name)
     assert f"left out 2 index file(s), not records: {FIXTURES / name}/" in caplog.text
 
 
 def test_tfds_dataset_reads_its_shards_with_their_split(ray_local, caplog):
-    with caplog.at_level(logging.INFO, logger="ray_tfrecord._src.io.foreign"):
+    with caplog.at_level(logging.INFO, logger="ray_tfrecord._src.data.read.foreign"):
         rows = read_and_compare("tfds")
     assert "left out 3 TFDS metadata file(s), not records:" in caplog.text
     assert {s: sum(r["split"] == s for r in rows) for s in ("train", "test")} == {"train": 200, "test": 100}

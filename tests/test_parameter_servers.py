@@ -66,7 +66,7 @@ def _dataset_fn(tf, plan, workers):
     def dataset_fn(input_context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         return tfrecord_dataset(plan, feature_columns="x", label_columns="y", batch_size=BATCH,
-                                shard=(worker, workers), shuffle_buffer=256, seed=0).repeat()
+                                shard=(worker, workers), local_shuffle_buffer_size=256, local_shuffle_seed=0).repeat()
 
     return dataset_fn
 

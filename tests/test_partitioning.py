@@ -5,7 +5,7 @@ import pytest
 from ray.data.datasource import Partitioning
 
 from ray_tfrecord._src.core.layout import HIVE_NULL_PARTITION
-from ray_tfrecord._src.io.partitioning import hive_directory, parse_partitions, split_by_partitions
+from ray_tfrecord._src.data.partitioning import hive_directory, parse_partitions, split_by_partitions
 
 SPECIAL = ["a/b", "x=y", "100%", "two words", "São Paulo", "?&#", "", "__HIVE", ".hidden", "_under"]
 

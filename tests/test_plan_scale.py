@@ -15,8 +15,8 @@ import tensorflow as tf
 import ray_tfrecord
 from ray_tfrecord._src.core.errors import CorruptRecordError
 from ray_tfrecord._src.core.index import FINGERPRINT_BYTES, index_candidates
-from ray_tfrecord._src.io import indexing
-from ray_tfrecord._src.io.stored import BY_REFERENCE_ITEMS, StoredTuple
+from ray_tfrecord._src.data.feed import indexing
+from ray_tfrecord._src.data.feed.by_reference import BY_REFERENCE_ITEMS, StoredTuple
 from ray_tfrecord.tf import plan_splits
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,8 +10,8 @@ import pytest
 from ray.data.datasource import FileShuffleConfig
 
 from ray_tfrecord._src.core.index import build_index, write_index
-from ray_tfrecord._src.io.listing import DataFile, list_files
-from ray_tfrecord._src.io.planning import (
+from ray_tfrecord._src.data.read.listing import DataFile, list_files
+from ray_tfrecord._src.data.read.planning import (
     MAX_RANGES_PER_TASK,
     FileRange,
     ProbeKind,
@@ -130,7 +130,7 @@ def test_shuffle_files_is_a_seeded_permutation():
 def test_default_read_tasks_does_not_start_ray():
     code = (
         "import ray\n"
-        "from ray_tfrecord._src.io.planning import default_read_tasks\n"
+        "from ray_tfrecord._src.data.read.planning import default_read_tasks\n"
         "assert default_read_tasks(10 << 30, None) is None\n"
         "assert not ray.is_initialized()\n"
     )

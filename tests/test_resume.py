@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 import ray_tfrecord
 from ray_tfrecord import TFRecordError
 from ray_tfrecord._src.core.index import build_index, write_index
-from ray_tfrecord._src.io import indexing
-from ray_tfrecord._src.io.order import Position, assign, epoch_pieces, mix_blocks
-from ray_tfrecord._src.io.splits import plan_splits, read_pieces
-from ray_tfrecord._src.tf.resume import SEED_COLUMN, ResumableFeed, _rebatched
+from ray_tfrecord._src.data.feed import indexing
+from ray_tfrecord._src.data.feed.order import Position, assign, epoch_pieces, mix_blocks
+from ray_tfrecord._src.data.feed.splits import plan_splits, read_pieces
+from ray_tfrecord._src.data.feed.passes import rebatched
+from ray_tfrecord._src.data.feed.order import SEED_COLUMN
+from ray_tfrecord._src.tf.resume import ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -137,7 +139,7 @@ def test_splits_are_record_exact_with_an_index_a_scan_or_a_compressed_file(ray_l
             example = tf.io.parse_single_example(record, {"id": tf.io.FixedLenFeature([], tf.int64),
                                                           "x": tf.io.FixedLenFeature([2], tf.float32)})
             parsed[int(example["id"])] = example["x"].numpy().tolist()
-    (feed,) = _feeds(plan, 1, shuffle=False, batch_size=32)
+    (feed,) = _feeds(plan, 1, shuffle_rows=False, batch_size=32)
     seen = {}
     for x, ids, w in feed.dataset():
         for i, row, weight in zip(ids.numpy(), x.numpy().tolist(), w.numpy(), strict=True):
@@ -168,7 +170,7 @@ def test_read_tables_are_cut_into_fetches_of_exactly_the_fetch_rows(sizes, rows)
     the last, every row once and in order, as Ray's iter_batches cut them."""
     starts = np.cumsum([0, *sizes])
     tables = [pa.table({"i": np.arange(a, a + n)}) for a, n in zip(starts, sizes, strict=False)]
-    fetches = list(_rebatched(tables, rows))
+    fetches = list(rebatched(tables, rows))
     assert all(t.num_rows == rows for t in fetches[:-1])
     assert not fetches or 0 < fetches[-1].num_rows <= rows
     got = [i for t in fetches for i in t.column("i").to_pylist()]

@@ -9,8 +9,8 @@ import pytest
 import ray
 
 import ray_tfrecord
-from ray_tfrecord._src.io.order import mix_blocks, row_seeds
-from ray_tfrecord._src.io.splits import plan_splits
+from ray_tfrecord._src.data.feed.order import mix_blocks, row_seeds
+from ray_tfrecord._src.data.feed.splits import plan_splits
 from ray_tfrecord._src.tf.resume import ResumableFeed
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,7 +33,7 @@ def by_label(ray_local, tmp_path_factory):
 
 
 def _labels_per_batch(plan, mix: int) -> list[int]:
-    feeds = [ResumableFeed(plan, feature_columns="id", label_columns="label", batch_size=BATCH, seed=1, mix=mix, rank=r,
+    feeds = [ResumableFeed(plan, feature_columns="id", label_columns="label", batch_size=BATCH, seed=1, block_splits=mix, rank=r,
                            world_size=2) for r in range(2)]
     counts = []
     for feed in feeds:

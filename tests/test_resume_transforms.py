@@ -7,8 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ray_tfrecord._src.io.splits import plan_splits
-from ray_tfrecord._src.tf.resume import SEED_COLUMN, WEIGHT_COLUMN, ResumableFeed, TransformError
+from ray_tfrecord._src.data.feed.splits import plan_splits
+from ray_tfrecord._src.data.feed.order import SEED_COLUMN
+from ray_tfrecord._src.data.feed.transforms import WEIGHT_COLUMN, TransformError
+from ray_tfrecord._src.tf.resume import ResumableFeed
 from tests.test_resume import ROWS, SCHEMA, _write_tf
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,5 +111,5 @@ def test_a_checkpoint_of_another_transform_is_refused(ray_local, plan, tmp_path)
     other = _feed(plan, transform=_reversed)
     with pytest.raises(ValueError, match=r"transform=tests\.test_resume_transforms\.augment.*this feed has .*"
                                          r"transform=tests\.test_resume_transforms\._reversed.*pass the same seed=, "
-                                         r"mix=, transform=, keep= and plan"):
+                                         r"shuffle_rows=, block_splits=, transform=, keep= and plan"):
         other.load(str(tmp_path))

@@ -13,7 +13,7 @@ from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.framing import RecordWriter, frame_records
 from ray_tfrecord._src.core.index import build_index, is_index_path, write_index
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from tests.filesystems import moto_s3, s3_filesystem
 
 pytestmark = pytest.mark.timeout(300)

@@ -21,7 +21,7 @@ import ray.cloudpickle
 
 import ray_tfrecord
 from ray_tfrecord import StallError, read_tfrecords, write_tfrecords
-from ray_tfrecord._src.io import progress
+from ray_tfrecord._src.data import progress
 from tests.test_checkpoint_jobs import run_driver, start_ray
 
 pytestmark = pytest.mark.timeout(300)

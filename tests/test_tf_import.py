@@ -61,10 +61,11 @@ heavy = [m for m in ("ray.train", "tf_keras", "ray_tfrecord._src.tf.train", "ray
          if m in sys.modules]
 from ray_tfrecord.tf import (KerasVersionError, ReportCheckpoint, ResumableFeed, SplitPlan, inference, plan_splits,
                              predict, restore, tensorflow_trainer, tf_dataset)
-from ray_tfrecord._src.io.splits import plan_splits as home
+from ray_tfrecord._src.data.feed.splits import plan_splits as home
 from ray_tfrecord._src.tf.train import KerasVersionError as home_error
 assert plan_splits is home and KerasVersionError is home_error
-assert sorted(rt.__all__) == sorted(["MODEL_FILE", "ClusterFailedError", "KerasVersionError", "ReportCheckpoint",
+assert sorted(rt.__all__) == sorted(["MODEL_FILE", "ClusterFailedError", "KerasVersionError", "PSResult", "PSTrainer",
+                                     "ReportCheckpoint",
                                      "ResumableFeed", "SplitPlan", "TensorBoard", "inference", "plan_splits", "predict",
                                      "ps_checkpoint_dir", "ps_trainer", "restore", "tensorflow_trainer", "tf_dataset",
                                      "tfrecord_dataset"])

@@ -314,10 +314,15 @@ def test_worker_env_sizes_tensorflow_threads_to_the_reservation_and_env_vars_win
 
 def test_ray_trains_own_processes_unpickle_no_tensorflow(ray_local, monkeypatch):
     """Ray Train's controller and dataset manager unpickle the trainer's backend and dataset configs;
-    when either one's module imported TensorFlow, so did both processes, on every fit()."""
+    when either one's module imported TensorFlow, so did both processes, on every fit(). The same holds
+    for ps_trainer's actor classes, whose module the actors' processes import before TensorFlow's own."""
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    from ray_tfrecord._src.tf import parameter_servers
+
     trainer = tensorflow_trainer(_equal_steps_loop, datasets={"train": ray.data.range(4)}, num_workers=2)
-    shipped = ray.cloudpickle.dumps([trainer.backend_config, trainer.data_config, trainer.run_config])
+    # A parameter-server cluster's actors, too: their processes unpickle the actor classes' module first.
+    shipped = ray.cloudpickle.dumps([trainer.backend_config, trainer.data_config, trainer.run_config,
+                                     parameter_servers._Task, parameter_servers._Chief])
     code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
             "print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

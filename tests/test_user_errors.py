@@ -22,8 +22,8 @@ import ray_tfrecord
 from ray_tfrecord._src.cli import _in_cli_terms, _parser, main
 from ray_tfrecord._src.core.errors import CorruptRecordError, DecodeError, NotTFRecordError, TFRecordError
 from ray_tfrecord._src.core.framing import frame_records
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -111,7 +111,7 @@ def test_lowest_constraints_pin_the_declared_lower_bounds():
 
 
 def test_ray_floor_is_the_compat_modules_oldest():
-    from ray_tfrecord._src.io import compat
+    from ray_tfrecord._src.data import compat
 
     low = _lower_bound(_declared()["ray"])
     assert (low.major, low.minor) == compat.OLDEST_SUPPORTED_RAY
@@ -119,7 +119,7 @@ def test_ray_floor_is_the_compat_modules_oldest():
 
 
 def test_untested_ray_message_only_above_the_newest_tested():
-    from ray_tfrecord._src.io.compat import NEWEST_TESTED_RAY, untested_ray_message
+    from ray_tfrecord._src.data.compat import NEWEST_TESTED_RAY, untested_ray_message
 
     major, minor = NEWEST_TESTED_RAY
     assert untested_ray_message(f"{major}.{minor}.3") is None
@@ -138,8 +138,8 @@ if sys.argv[1]:
     ray.__version__ = sys.argv[1]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import ray_tfrecord._src.io.compat, ray_tfrecord._src.io.datasource, ray_tfrecord._src.io.datasink
-    import ray_tfrecord._src.io.compat as again
+    import ray_tfrecord._src.data.compat, ray_tfrecord._src.data.read.datasource, ray_tfrecord._src.data.write.datasink
+    import ray_tfrecord._src.data.compat as again
 print(json.dumps([str(w.message) for w in caught if "ray_tfrecord" in w.filename + str(w.message)]))
 """
 
@@ -151,7 +151,7 @@ def _import_warnings(version: str) -> list[str]:
 
 
 def test_a_newer_ray_warns_once_at_import_and_the_tested_one_not_at_all():
-    from ray_tfrecord._src.io.compat import NEWEST_TESTED_RAY
+    from ray_tfrecord._src.data.compat import NEWEST_TESTED_RAY
 
     newer = f"{NEWEST_TESTED_RAY[0]}.{NEWEST_TESTED_RAY[1] + 1}.0"
     assert _import_warnings(newer) == [f"ray_tfrecord is tested with Ray 2.50 to {NEWEST_TESTED_RAY[0]}."
@@ -162,7 +162,7 @@ def test_a_newer_ray_warns_once_at_import_and_the_tested_one_not_at_all():
 
 
 def test_ray_options_go_by_name_where_the_call_names_them_else_into_ray_remote_args():
-    from ray_tfrecord._src.io.compat import ray_call_args
+    from ray_tfrecord._src.data.compat import ray_call_args
 
     def newer(ds, *, num_cpus=None, resources=None, concurrency=None, ray_remote_args=None): ...
 
@@ -180,7 +180,7 @@ def test_ray_options_go_by_name_where_the_call_names_them_else_into_ray_remote_a
 
 
 def test_a_private_ray_name_that_is_gone_costs_its_feature_with_one_warning():
-    from ray_tfrecord._src.io.compat import _private
+    from ray_tfrecord._src.data.compat import _private
 
     with pytest.warns(UserWarning, match=r"^Ray \S+ has no _GONE: transient errors are not retried$"):
         assert _private(("ray.data._internal.no_such_module", "ray.data"), "_GONE", "transient errors are not "

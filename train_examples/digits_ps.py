@@ -67,7 +67,7 @@ def train(config: dict) -> dict:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         feed = tfrecord_dataset(plan, feature_columns="pixels", label_columns="label",
                                 batch_size=config["batch_size"], shard=(worker, workers),
-                                shuffle_buffer=256, seed=config["seed"])
+                                local_shuffle_buffer_size=256, local_shuffle_seed=config["seed"])
         return feed.repeat()  # the coordinator takes steps_per_epoch steps from whichever workers are free
 
     with strategy.scope():

@@ -41,11 +41,12 @@ from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFReco
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
 from ray_tfrecord._src.core.schema import read_stored_schema
-from ray_tfrecord._src.io import compat, dataset_files, stores
-from ray_tfrecord._src.io.datasink import write_tfrecords
-from ray_tfrecord._src.io.datasource import TFRecordDatasource
-from ray_tfrecord._src.io.listing import DataFile, Listing, list_files
-from ray_tfrecord._src.io.task_errors import task_cause
+from ray_tfrecord._src.data import compat, filesystems
+from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
+from ray_tfrecord._src.data.read.listing import DataFile, Listing, list_files
+from ray_tfrecord._src.data.task_errors import task_cause
+from ray_tfrecord._src.data.write import dataset_files
+from ray_tfrecord._src.data.write.datasink import write_tfrecords
 
 _READERS = {
     "parquet": lambda src: ray.data.read_parquet(src),
@@ -208,7 +209,7 @@ def _cmd_index(args) -> int:
 
 
 def _cmd_clean(args) -> int:
-    paths, fs = stores.resolve_paths([args.path], None)
+    paths, fs = filesystems.resolve_paths([args.path], None)
     fs, path = compat.retrying_filesystem(fs), paths[0].rstrip("/")
     # orphans() finds nothing in a path that is not there, which would read as a clean dataset.
     kind = fs.get_file_info(path).type

@@ -17,8 +17,6 @@ import numpy as np
 from . import _native
 from ._contract import Status
 
-__all__ = ["AVAILABLE", "UnsupportedJpeg", "decode_window"]
-
 AVAILABLE: Final[bool] = hasattr(_native, "jpeg_window")
 
 

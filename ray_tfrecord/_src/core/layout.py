@@ -4,7 +4,7 @@ A dataset is a directory of data files (``part-*``, optionally under Hive ``col=
 directories) beside a few hidden entries that readers skip: any path component starting with
 ``.`` or ``_`` (the Hadoop convention: ``_SUCCESS``, ``_temporary/``, ``.crc`` files). The names
 other writers leave (Beam's ``beam-temp-*``, TFDS metadata, index files) are
-``ray_tfrecord._src.io.foreign``'s.
+``ray_tfrecord._src.data.read.foreign``'s.
 
 >>> is_hidden("year=2021/_temporary/0/part-0")
 True

@@ -5,7 +5,7 @@ On S3 and GCS a write's files go straight to their final keys, and the commit is
 lists every committed data file: its path relative to the root, its size and rows, and its record
 index (``RecordIndex`` bytes, base64), which replaces the
 per-file ``_index.*`` sidecar there. A reader that finds a manifest reads only the files it lists,
-so a write in flight or killed shows nothing. ``ray_tfrecord._src.io.commit`` says when it is
+so a write in flight or killed shows nothing. ``ray_tfrecord._src.data.write.commit`` says when it is
 written.
 
 >>> m = Manifest([Entry("a=1/part-0.tfrecord", 10, 2, b"ix")])
@@ -24,8 +24,6 @@ import pyarrow.fs as pafs
 
 from .errors import TFRecordError
 from .layout import MANIFEST_FILE
-
-__all__ = ["Entry", "Manifest", "is_object_store", "read_manifest", "write_manifest"]
 
 _VERSION = 1
 # pyarrow's type names of the filesystems without directories or renames.

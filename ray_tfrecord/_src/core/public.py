@@ -14,8 +14,6 @@ from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["lazy_names", "public"]
-
 
 def public(namespace: Literal["ray_tfrecord", "ray_tfrecord.tf"]) -> Callable[[T], T]:
     """Decorator: the class or function reports ``namespace``, where users import it from, as its module."""

@@ -1,16 +1,14 @@
-"""The TensorFlow layer: Arrow batches as tensors (``tensors``), the tf.data training feed (``feed``)
-with its rank-equal step policy (``distribution``) and column warnings (``lint``), Ray Train helpers
-(``train``, with ``checkpoint``), the resumable feed (``resume``) and batch inference (``inference``).
-Users import it through ``ray_tfrecord.tf``.
+"""The TensorFlow layer: what adds TensorFlow (and Ray Train) to the Ray Data layer below it.
 
-TensorFlow is imported plainly: its own messages, a fatal one included, reach stderr unchanged.
+- Feeds: ``tensors`` (Arrow columns -> tensors), ``pipeline`` (the Arrow -> ``tf.data`` pipeline both feeds
+  end in), ``feed`` (``tf_dataset``), ``distribution`` (equal steps on every rank, per-replica batches),
+  ``lint`` (driver-side column warnings), ``resume`` (``ResumableFeed``: the ``tf.data`` adapter over
+  ``ray_tfrecord._src.data.feed.passes``), ``native_reader`` (``tfrecord_dataset``: TensorFlow's own reads).
+- Training: ``train`` (``tensorflow_trainer``), ``train_setup`` (the configs Ray Train's controller and
+  dataset manager unpickle, TensorFlow-free), ``checkpoint`` (``ReportCheckpoint``, ``restore``),
+  ``tensorboard_logs``, ``parameter_servers`` (``ps_trainer``; its Ray actors import no TensorFlow).
+- ``inference``: batch inference with a saved model.
+
+This package imports nothing itself, so its TensorFlow-free modules load in processes without
+TensorFlow; the guard that names the ``tf`` extra is in the public ``ray_tfrecord.tf``.
 """
-
-try:
-    import tensorflow  # noqa: F401
-except ModuleNotFoundError as error:
-    if error.name != "tensorflow":
-        raise
-    raise ImportError(
-        "ray_tfrecord.tf needs TensorFlow, which is not installed: pip install 'ray_tfrecord[tf]'"
-    ) from error

@@ -21,8 +21,6 @@ import tf_keras
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.tf.resume import FEED_FILE, ResumableFeed
 
-__all__ = ["MODEL_FILE", "ReportCheckpoint", "restore"]
-
 MODEL_FILE = "model.keras"
 """The whole Keras model inside a checkpoint written by [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint]
 unless ``keras_file=False``: its file name in the checkpoint's directory."""

@@ -53,8 +53,6 @@ from typing import TypeAlias
 import ray.train
 import tensorflow as tf
 
-__all__ = ["Batches", "PerReplica", "check_partial_batches", "worker_group"]
-
 #: Builds one pipeline of ``batch_size``-row elements, ``steps`` of them an epoch (None: all the data gives).
 Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
 

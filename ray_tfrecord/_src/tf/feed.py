@@ -37,13 +37,12 @@ from ray.data import DataIterator, Dataset
 
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, decode_records
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import progress
+from ray_tfrecord._src.data import progress
 from ray_tfrecord._src.tf.distribution import PerReplica, check_partial_batches
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
 from ray_tfrecord._src.tf.pipeline import Batching, table_batches
 from ray_tfrecord._src.tf.tensors import ColumnPlan, arrow_schema, column_plans
 
-__all__ = ["tf_dataset"]
 
 @dataclass(frozen=True)
 class _Fetches:

@@ -35,10 +35,8 @@ from ray.data import Dataset
 
 from ray_tfrecord._src.core import options
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import compat, progress
-from ray_tfrecord._src.io.datasink import SaveMode, write_tfrecords
-
-__all__ = ["inference", "predict"]
+from ray_tfrecord._src.data import compat, progress
+from ray_tfrecord._src.data.write.datasink import SaveMode, TFRecordDatasink, write_prepared
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -197,6 +195,15 @@ def predict(
     others = progress.checkpoint_holders(ds.context)
     predictors = _predictors("predict", concurrency, num_cpus, num_gpus, others)
     progress.preflight("predict", [predictors, *others], fix="predict(num_cpus={cpus})", zero_ok=True)
+    return _predicted(ds, model_path, feature_columns=feature_columns, key_columns=key_columns,
+                      output_column=output_column, defaults=defaults, batch_size=batch_size, concurrency=concurrency,
+                      predictors=predictors)
+
+
+def _predicted(ds: Dataset, model_path: str | os.PathLike[str], *, feature_columns: str | Sequence[str],
+               key_columns: Sequence[str], output_column: str, defaults: Mapping[str, Any] | None, batch_size: int,
+               concurrency: int, predictors: progress.Holder) -> Dataset:
+    """``predict``'s dataset, its arguments checked and the cluster's room for ``predictors`` settled."""
     return ds.map_batches(
         _Predictor,
         fn_constructor_kwargs={
@@ -211,7 +218,7 @@ def predict(
         zero_copy_batch=True,
         **compat.actor_pool_args(concurrency),
         num_cpus=predictors.cpus,
-        num_gpus=num_gpus,
+        num_gpus=predictors.gpus,
     )
 
 
@@ -276,47 +283,45 @@ def inference(
     task: a small job is a single task, recorded only when it ends) and ``"parquet"`` writes a file
     per block of predictions, as Ray's writers do.
     """
+    # What the job is, worked out once and passed down: its mode, whether it continues a checkpoint
+    # (one listing of the checkpoint directory, a round trip on an object store), what it holds
+    # (one check of the cluster), and one watchdog over all of it.
     mode = options.mode(mode)
     if output_format not in ("tfrecord", "parquet"):
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
     if min_rows_per_file is not None and min_rows_per_file <= 0:
         raise ValueError(f"min_rows_per_file must be positive, got {min_rows_per_file}")
-    config = None
-    others = []
-    if checkpoint_path is not None:
-        config = _checkpoint_config(key_columns, os.fspath(checkpoint_path))
-        if compat.checkpoint_started(config):
-            others.append(progress.CHECKPOINT_FILTER)
+    if not key_columns:
+        raise ValueError("key_columns must name at least one column to key the predictions by")
+    if output_column in key_columns:
+        raise ValueError(f"output_column {output_column!r} clashes with a key column")
+    _check_defaults(ds, feature_columns, defaults)
+    config = None if checkpoint_path is None else _checkpoint_config(key_columns, os.fspath(checkpoint_path))
+    rerun = config is not None and compat.checkpoint_started(config)
+    others = [progress.CHECKPOINT_FILTER] if rerun else []
     predictors = _predictors("inference", concurrency, num_cpus, num_gpus, others)
     holders = [predictors, *others]
     fix = "inference(num_cpus={cpus})"
     progress.preflight("inference", holders, fix=fix, zero_ok=True)
-    out = predict(
-        ds,
-        model_path,
-        feature_columns=feature_columns,
-        key_columns=key_columns,
-        output_column=output_column,
-        defaults=defaults,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        num_cpus=predictors.cpus,
-        num_gpus=num_gpus,
-    )
+    out = _predicted(ds, model_path, feature_columns=feature_columns, key_columns=key_columns,
+                     output_column=output_column, defaults=defaults, batch_size=batch_size, concurrency=concurrency,
+                     predictors=predictors)
     # The job's context is the input's (datasets derived from one share it): checkpointing is on for
     # this write only.
     context = out.context
     saved = getattr(context, "checkpoint_config", None)
     if config is not None:
         context.checkpoint_config = config
-        if output_format == "parquet" and compat.checkpoint_started(config):
+        if output_format == "parquet" and rerun:
             mode = "append"  # Ray's Parquet writer would apply mode again on a rerun, deleting or refusing
     try:
         with progress.Watchdog("inference", holders, waiting="its read and map tasks", fix=fix, zero_ok=True):
-            if output_format == "tfrecord":
-                write_tfrecords(out, os.fspath(output_path), mode=mode, min_rows_per_file=min_rows_per_file)
-            else:
+            if output_format == "parquet":
                 out.write_parquet(os.fspath(output_path), mode=SaveMode(mode), min_rows_per_file=min_rows_per_file)
+                return
+            sink = TFRecordDatasink(output_path, mode=mode, min_rows_per_file=min_rows_per_file)
+            if not sink.prepare(out, rerun=rerun):
+                write_prepared(out, sink)
     finally:
         if config is not None:
             context.checkpoint_config = saved

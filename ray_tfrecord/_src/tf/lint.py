@@ -17,8 +17,6 @@ from ray.data import Dataset
 from ray_tfrecord._src.core.types import is_var_list, single_chunk
 from ray_tfrecord._src.tf.tensors import arrow_schema, is_numeric
 
-__all__ = ["warn_constant_length_lists"]
-
 # Rows sampled by warn_constant_length_lists.
 _SAMPLE_ROWS = 1024
 

@@ -48,11 +48,9 @@ import tensorflow as tf
 from ray_tfrecord._src.core.errors import SchemaError
 from ray_tfrecord._src.core.framing import detect_compression
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.splits import SplitPlan, plan_splits
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
 from ray_tfrecord._src.tf.tensors import ColumnPlan, column_plans
-
-__all__ = ["Run", "shard_runs", "tfrecord_dataset"]
 
 # TensorFlow's default read buffer (the op's -1), as TFRecordDataset's.
 _READ_BUFFER_BYTES = -1
@@ -182,8 +180,8 @@ def tfrecord_dataset(
     shard: tuple[int | tf.Tensor, int] | tf.distribute.InputContext | None = None,
     drop_last: bool = True,
     defaults: Mapping[str, Any] | None = None,
-    shuffle_buffer: int | None = None,
-    seed: int | None = None,
+    local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None,
     num_parallel_reads: int | None = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` that reads a dataset's TFRecord files with TensorFlow's own ops: no Ray,
@@ -212,9 +210,10 @@ def tfrecord_dataset(
         defaults: Values for rows without a scalar or fixed-size feature, and for a null partition, as
             in ``tf_dataset``.  Without one, such a record fails the read with TensorFlow's
             ``Feature: ... is required but could not be found``.
-        shuffle_buffer: Shuffle: the shard's runs (consecutive splits of one file) in a new order every
-            epoch, and its records through a buffer of this many. ``None``: plan order.
-        seed: The shuffle's seed.
+        local_shuffle_buffer_size: Shuffle, with Ray's name and meaning (``tf_dataset``'s keyword): the
+            shard's records pass through a buffer of this many rows, and its runs (consecutive splits of one
+            file) are read in a new order every epoch.  ``None``: plan order.
+        local_shuffle_seed: The shuffle's seed (the runs' order and the buffer's).
         num_parallel_reads: Runs read at once (``interleave``, deterministic). ``None``: one at a time.
 
     Every epoch (every iteration over the dataset) a shard reads the same rows, each once.
@@ -249,22 +248,22 @@ def tfrecord_dataset(
     }
     constants = {c: tf.constant(v, plans[c].dtype) for c, v in
                  _partition_values(plan, runs, attached, plans, defaults).items()}
-    if attached or shuffle_buffer is not None or num_parallel_reads is not None or chosen:
+    if attached or local_shuffle_buffer_size is not None or num_parallel_reads is not None or chosen:
         pieces = tf.data.Dataset.from_tensor_slices(table)
         if chosen:
             bounds = tf.constant(np.cumsum([0] + [len(rs) for rs in shards]), tf.int64)
             at = tf.cast(index, tf.int64)
             pieces = pieces.skip(bounds[at]).take(bounds[at + 1] - bounds[at])
-        if shuffle_buffer is not None:
-            pieces = pieces.shuffle(max(1, *map(len, shards)), seed=seed, reshuffle_each_iteration=True)
+        if local_shuffle_buffer_size is not None:
+            pieces = pieces.shuffle(max(1, *map(len, shards)), seed=local_shuffle_seed, reshuffle_each_iteration=True)
         reader = _RunReader(with_run=bool(attached))
         records = (pieces.flat_map(reader) if num_parallel_reads is None else
                    pieces.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads,
                                      deterministic=True))
     else:
         records = _stream(runs, table)
-    if shuffle_buffer is not None:
-        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if local_shuffle_buffer_size is not None:
+        records = records.shuffle(local_shuffle_buffer_size, seed=local_shuffle_seed, reshuffle_each_iteration=True)
     rows = [sum(r.take for r in rs) for rs in shards]
     per_shard = [n // rows_per_element if drop_last else -(-n // rows_per_element) for n in rows]
     batches = min(per_shard)

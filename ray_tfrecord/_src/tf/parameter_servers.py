@@ -48,9 +48,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_tfrecord._src.core.errors import StallError
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import progress
-
-__all__ = ["CHECKPOINT_DIR_ENV", "ClusterFailedError", "PSResult", "PSTrainer", "ps_checkpoint_dir", "ps_trainer"]
+from ray_tfrecord._src.data import progress
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +81,18 @@ def ps_checkpoint_dir() -> str:
     return path
 
 
+@public("ray_tfrecord.tf")
 @dataclass(frozen=True)
 class PSResult:
-    """What ``PSTrainer.fit`` returns: ``metrics``, the training function's return value (its last
-    run's); ``path``, the run's directory; ``checkpoint_dir``, where its checkpoints are; ``failures``, how
-    many times the cluster was started again."""
+    """What [`PSTrainer.fit`][ray_tfrecord.tf.PSTrainer.fit] returns.
+
+    Attributes:
+        metrics: The training function's return value (its last run's).
+        path: The run's directory, ``<storage_path>/<name>``.
+        checkpoint_dir: Where its checkpoints are ([`ps_checkpoint_dir`][ray_tfrecord.tf.ps_checkpoint_dir]
+            inside the training function).
+        failures: How many times the cluster was started again.
+    """
 
     metrics: Any
     path: str
@@ -174,8 +179,15 @@ class _Sizes:
     cpus_per_ps: float
 
 
+@public("ray_tfrecord.tf")
 class PSTrainer:
-    """A parameter-server run that ``ps_trainer`` set up; ``fit`` runs it."""
+    """A parameter-server run that [`ps_trainer`][ray_tfrecord.tf.ps_trainer] set up; ``fit`` runs it.
+
+    ```python
+    result = ps_trainer(train, num_workers=2, num_ps=1, cpus_per_worker=0.5).fit()  # doctest: +SKIP
+    print(result.metrics, result.checkpoint_dir, result.failures)
+    ```
+    """
 
     def __init__(self, train_loop: Callable[..., Any], config: dict[str, Any], sizes: _Sizes, run_dir: str,
                  max_failures: int, env: dict[str, str]) -> None:
@@ -185,6 +197,9 @@ class PSTrainer:
     def fit(self) -> PSResult:
         """Start the cluster, run the training function on its chief, stop the cluster; start it again
         after a failure, up to ``max_failures`` times.
+
+        Returns:
+            A [`PSResult`][ray_tfrecord.tf.PSResult].
 
         Raises:
             ClusterFailedError: after one failure more than ``max_failures``.

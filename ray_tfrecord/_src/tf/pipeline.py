@@ -21,8 +21,6 @@ import tensorflow as tf
 from ray_tfrecord._src.core.types import single_chunk
 from ray_tfrecord._src.tf.tensors import ColumnPlan, Tensor, as_tensor
 
-__all__ = ["Batching", "table_batches"]
-
 # How much to pull from Ray per generator call (see Batching.fitting): up to this
 # many rows, and about this many bytes. Variable-length columns are guessed at _VAR_BYTES.
 _FETCH_ROWS = 4096

@@ -22,8 +22,6 @@ import tf_keras
 
 from ray_tfrecord._src.core.public import public
 
-__all__ = ["TENSORBOARD_DIR_ENV", "TensorBoard", "announce", "run_log_dir"]
-
 #: The training workers' environment variable that holds the run's TensorBoard directory.
 TENSORBOARD_DIR_ENV = "RAY_TFRECORD_TENSORBOARD_DIR"
 

@@ -29,11 +29,6 @@ from ray.data import Schema
 from ray_tfrecord._src.core.errors import SchemaError
 from ray_tfrecord._src.core.types import is_bytes, is_var_list, single_chunk
 
-__all__ = [
-    "ColumnPlan", "Tensor", "arrow_schema", "as_tensor", "column_plans", "is_numeric", "tensors_from_arrow",
-    "type_spec",
-]
-
 #: A batch of one column, dense or ragged.
 Tensor: TypeAlias = tf.Tensor | tf.RaggedTensor
 

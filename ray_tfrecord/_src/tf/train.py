@@ -65,11 +65,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import compat, progress
-from ray_tfrecord._src.io.train_setup import IngestConfig, TensorflowBackendConfig
+from ray_tfrecord._src.data import compat, progress
 from ray_tfrecord._src.tf.lint import warn_constant_length_lists
-
-__all__ = ["WORKER_ENV_VARS", "KerasVersionError", "tensorflow_trainer"]
+from ray_tfrecord._src.tf.train_setup import IngestConfig, TensorflowBackendConfig
 
 #: Environment every tf-keras (``keras=2``) training worker needs before it imports TensorFlow.
 WORKER_ENV_VARS: Mapping[str, str] = {"TF_USE_LEGACY_KERAS": "1"}

@@ -9,9 +9,9 @@ Example:
     9
 
 This module adapts the write to Ray Data: the driver side of the commit protocol
-(``ray_tfrecord._src.io.commit``, which says what a concurrent reader sees) runs in
+(``ray_tfrecord._src.data.write.commit``, which says what a concurrent reader sees) runs in
 ``on_write_start``/``on_write_complete``/``on_write_failed``, the file writers
-(``ray_tfrecord._src.io.writers``) in ``write``.
+(``ray_tfrecord._src.data.write.writers``) in ``write``.
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, check_encodable
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import compat, progress, stores
-from ray_tfrecord._src.io.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
-from ray_tfrecord._src.io.compat import SaveMode
-from ray_tfrecord._src.io.task_errors import from_task, task_cause
-from ray_tfrecord._src.io.writers import WriteConfig, write_tables
+from ray_tfrecord._src.data import compat, filesystems, progress
+from ray_tfrecord._src.data.compat import SaveMode
+from ray_tfrecord._src.data.task_errors import from_task, task_cause
+from ray_tfrecord._src.data.write.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
+from ray_tfrecord._src.data.write.writers import WriteConfig, write_tables
 
 # SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
-__all__ = ["SaveMode", "TFRecordDatasink", "TFRecordWriteResult", "write_tfrecords"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ class TFRecordDatasink(_Base):
             raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
                             f"{type(filename_provider).__name__}")
         self._unresolved_path = os.fspath(path)
-        paths, fs = stores.resolve_paths([self._unresolved_path], filesystem)
+        paths, fs = filesystems.resolve_paths([self._unresolved_path], filesystem)
         retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
         self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying),
@@ -179,6 +178,9 @@ class TFRecordDatasink(_Base):
         )
         self._started = False
         self._skips: bool | None = None  # what apply_mode decided, once
+        #: Whether the write continues a job checkpoint that holds records (Ray's checkpoint filter then
+        #: runs beside it), as apply_mode found or was told; False without a checkpoint.
+        self.rerun = False
         self._context: DataContext | None = None  # the dataset's, whose checkpoint_config applies
         self.result: TFRecordWriteResult | None = None
 
@@ -213,13 +215,14 @@ class TFRecordDatasink(_Base):
 
     # -- driver side ------------------------------------------------------------------
 
-    def prepare(self, ds: Dataset) -> bool:
+    def prepare(self, ds: Dataset, *, rerun: bool | None = None) -> bool:
         """Settle what can be settled before ``ds`` runs, so that Ray does not compute a dataset only for
         the sink to refuse or drop it: join its job checkpoint and apply the save mode (``True``: nothing
         is to be written, and ``result`` says why), and check the schema Ray knows without executing
-        it. Optional: ``ds.write_datasink(sink)`` alone does the same as the write starts."""
+        it. Optional: ``ds.write_datasink(sink)`` alone does the same as the write starts. ``rerun``: as
+        for ``apply_mode``."""
         self._context = ds.context
-        if self.apply_mode(ds.context):
+        if self.apply_mode(ds.context, rerun=rerun):
             return True
         if not compat.RAY_BUNDLES_WRITES_BY_BYTES:
             self._bundle_rows_like_bytes(ds)
@@ -228,21 +231,24 @@ class TFRecordDatasink(_Base):
             self.check_schema(known.base_schema)
         return False
 
-    def apply_mode(self, context: DataContext | None = None) -> bool:
+    def apply_mode(self, context: DataContext | None = None, *, rerun: bool | None = None) -> bool:
         """Take part in the job checkpoint of ``context`` (the dataset's; default: the current one), if
         it has one, and apply the save mode, once; ``True``: nothing is to be written (``ignore`` found
         data, or a rerun completed a checkpointed write whose data was complete), and ``result`` says
-        so."""
+        so. ``rerun``: whether that checkpoint holds records, from a caller that listed it and checked the
+        cluster for Ray's checkpoint filter already (``inference``); ``None``: listed and checked here."""
         if self._skips is None:
             config = compat.checkpoint_config(context)
             if config is not None:
                 if self._config.filename_provider is not None:
                     raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
                                      "each task's files by the name Ray gave the task; leave filename_provider out")
-                started = compat.checkpoint_started(config)
-                if started:
-                    progress.preflight("write_tfrecords", [progress.CHECKPOINT_FILTER])
-                self.commit.use_checkpoint(config.checkpoint_path, started=started)
+                if rerun is None:
+                    rerun = compat.checkpoint_started(config)
+                    if rerun:
+                        progress.preflight("write_tfrecords", [progress.CHECKPOINT_FILTER])
+                self.rerun = rerun
+                self.commit.use_checkpoint(config.checkpoint_path, started=rerun)
                 self._config = dataclasses.replace(self._config, checkpointed=True, staging=self.commit.write_dir)
             self._skips = self.commit.apply_mode()
             if self.commit.completed is not None:
@@ -412,9 +418,15 @@ def write_tfrecords(
     given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args, **task_options)
     if sink.prepare(ds):
         return _result(sink)
+    with progress.Watchdog("write_tfrecords", [progress.CHECKPOINT_FILTER] if sink.rerun else []):
+        return write_prepared(ds, sink, **given)
+
+
+def write_prepared(ds: Dataset, sink: TFRecordDatasink, **write_args: Any) -> TFRecordWriteResult:
+    """Write ``ds`` into ``sink``, which ``prepare`` readied for it (and found something to write), with
+    ``Dataset.write_datasink``'s ``write_args``; the caller watches the job (``progress.Watchdog``)."""
     try:
-        with progress.Watchdog("write_tfrecords", progress.checkpoint_holders(ds.context)):
-            ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, given))
+        ds.write_datasink(sink, **compat.ray_call_args(Dataset.write_datasink, write_args))
     except Exception as e:
         # A write task's TFRecordError arrives inside Ray's task traceback (kilobytes); the
         # caller gets the error itself, with its path, offset and column.

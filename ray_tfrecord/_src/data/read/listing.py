@@ -4,7 +4,7 @@ Paths (strings or path-like objects) are resolved like every Ray reader's; direc
 listed recursively with one ``FileSelector`` call each and sorted. Files or directories whose
 name starts with ``.`` or ``_`` are skipped at any depth (Hadoop convention: ``_SUCCESS``,
 ``.crc`` files and this package's ``_index.*`` sidecars). What other writers leave in a directory
-is sorted out by ``ray_tfrecord._src.io.foreign``: another job's staging output (``_temporary/``,
+is sorted out by ``ray_tfrecord._src.data.read.foreign``: another job's staging output (``_temporary/``,
 ``beam-temp-*/`` ...) is skipped with a warning, known sidecars (index files, TFDS metadata) are
 left out with a log line, and a file named and shaped like something else stops the listing.
 ``partition_filter`` and ``file_extensions`` are then applied, so a pruned file is never
@@ -16,7 +16,7 @@ there is not. A directory read at its root also gets the listed files that its l
 after the listing), so a committed file is never skipped.
 
 A path that does not exist as written but holds a glob character is a Hadoop glob
-(``ray_tfrecord._src.io.globs``). It is walked from its base directory (the components before the
+(``ray_tfrecord._src.data.read.globs``). It is walked from its base directory (the components before the
 first wildcard), listing one level per wildcard component, only in directories that matched so
 far: on S3 a glob lists its prefix, never the bucket. A matched directory is read recursively,
 like a directory path. The glob's dataset root is its base directory less trailing
@@ -25,7 +25,7 @@ like a directory path. The glob's dataset root is its base directory less traili
 
 Example::
 
-    >>> from ray_tfrecord._src.io.listing import list_files
+    >>> from ray_tfrecord._src.data.read.listing import list_files
     >>> listing = list_files("/data/spark_output")  # doctest: +SKIP
     >>> listing.files[0]  # doctest: +SKIP
     DataFile(path='/data/spark_output/year=2021/part-00000.tfrecord', size=52311,
@@ -49,11 +49,10 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
 from ray_tfrecord._src.core.manifest import read_manifest
-from ray_tfrecord._src.io import compat, foreign, stores
-from ray_tfrecord._src.io.globs import Component, Glob, is_glob, parse_glob
-from ray_tfrecord._src.io.partitioning import PartitionValues, parse_partitions
-
-__all__ = ["DataFile", "Listing", "list_files"]
+from ray_tfrecord._src.data import compat, filesystems
+from ray_tfrecord._src.data.partitioning import PartitionValues, parse_partitions
+from ray_tfrecord._src.data.read import foreign
+from ray_tfrecord._src.data.read.globs import Component, Glob, is_glob, parse_glob
 
 # Directories listed at once (each listing is a round trip on an object store).
 _LIST_THREADS = 16
@@ -95,7 +94,7 @@ def list_files(
     partition_filter: PathPartitionFilter | None = None,
 ) -> Listing:
     """List the visible files under ``paths``: files, directories (read recursively) and
-    Hadoop globs (``ray_tfrecord._src.io.globs``). A file matched by several paths is listed once.
+    Hadoop globs (``ray_tfrecord._src.data.read.globs``). A file matched by several paths is listed once.
 
     Raises ``TFRecordError`` for a malformed glob; ``FileNotFoundError`` for a missing
     path and ``TFRecordError`` for a glob that matches no file, unless
@@ -152,7 +151,7 @@ def _resolve(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     """Ray's path resolution, less one loss: it parses paths as URLs, and a "?" ending a path (an
     empty URL query) is dropped, which in a glob is a wildcard."""
     raw = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    resolved, fs = stores.resolve_paths(raw, filesystem)
+    resolved, fs = filesystems.resolve_paths(raw, filesystem)
     if len(resolved) == len(raw):  # else Ray skipped a path it could not resolve, and warned
         resolved = [r + "?" if p.endswith("?") and not r.endswith("?") else r for p, r in zip(raw, resolved)]
     return resolved, fs

@@ -22,9 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io.order import SEED_COLUMN
-
-__all__ = ["WEIGHT_COLUMN", "ClassTransform", "FunctionTransform", "TransformError", "describe"]
+from ray_tfrecord._src.data.feed.order import SEED_COLUMN
 
 WEIGHT_COLUMN = "__weight__"
 """The weight column of a [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed]'s batches: 1 for the epoch's rows,

@@ -53,10 +53,8 @@ import pyarrow as pa
 from ray_tfrecord._src.core import jpeg
 from ray_tfrecord._src.core.errors import DecodeError
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io.order import GOLDEN, SEED_COLUMN, splitmix64
-from ray_tfrecord._src.io.transforms import WEIGHT_COLUMN
-
-__all__ = ["ImageError", "ImageTransform", "crop_boxes", "content_seeds", "decode_window"]
+from ray_tfrecord._src.data.feed.order import GOLDEN, SEED_COLUMN, splitmix64
+from ray_tfrecord._src.data.feed.transforms import WEIGHT_COLUMN
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """What one read task of ``TFRecordDatasource`` does: stream the
-framed records of its byte ranges (``ray_tfrecord._src.io.planning``), decode them with the native
+framed records of its byte ranges (``ray_tfrecord._src.data.read.planning``), decode them with the native
 codec and attach the partition and ``path`` columns, one block per chunk.
 
 The datasource plans the tasks on the driver; everything here runs in the task, from a
@@ -26,11 +26,9 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, decode
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.framing import ByteStream, CorruptionReport, RecordChunk, iter_chunks, open_stream
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.planning import FileRange
-from ray_tfrecord._src.io.task_errors import from_task
-
-__all__ = ["PATH_COLUMN", "Compression", "ReadConfig", "read_ranges"]
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.read.planning import FileRange
+from ray_tfrecord._src.data.task_errors import from_task
 
 #: The compression argument of the readers: detected per file, none, or one for all files.
 Compression = Literal["auto", "gzip", "zlib"] | None

@@ -80,7 +80,7 @@ from ray_tfrecord._src.core.layout import (
 )
 from ray_tfrecord._src.core.manifest import Entry, Manifest, is_object_store, read_manifest, write_manifest
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
-from ray_tfrecord._src.io.dataset_files import (
+from ray_tfrecord._src.data.write.dataset_files import (
     CHECKPOINT_STAGING,
     list_old_files,
     listed_entries,
@@ -90,8 +90,6 @@ from ray_tfrecord._src.io.dataset_files import (
     remove_orphan_sidecars,
     unlisted_files,
 )
-
-__all__ = ["Commit", "StagedFile", "TFRecordWriteResult", "checkpoint_file_base", "dataset_exists", "make_dirs"]
 
 logger = logging.getLogger(__name__)
 

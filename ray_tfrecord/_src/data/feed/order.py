@@ -36,11 +36,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "GOLDEN", "SEED_COLUMN", "Assignment", "Piece", "Position", "assign", "epoch_pieces", "mix_blocks", "row_order",
-    "row_seeds", "splitmix64",
-]
-
 SEED_COLUMN = "__seed__"
 """The per-row seed column a [`ResumableFeed`][ray_tfrecord.tf.ResumableFeed]'s transform receives
 (``pa.uint64``): the same for a row of an epoch whatever the group size or resume point, so a random

@@ -15,8 +15,6 @@ from ray.exceptions import RayTaskError, UserCodeException
 
 from ray_tfrecord._src.core.errors import TFRecordError
 
-__all__ = ["fetched", "from_task", "task_cause"]
-
 
 # Ray formats an error raised in a task as the task's whole traceback, Ray Data's frames
 # included, and logs it again as "internal code ... open an issue"; only a cause that is a

@@ -16,8 +16,6 @@ from typing import Any
 
 import ray
 
-__all__ = ["BY_REFERENCE_ITEMS", "StoredTuple"]
-
 #: Items from which a StoredTuple travels by reference (a split pickles to about 100 bytes).
 BY_REFERENCE_ITEMS = 1024
 

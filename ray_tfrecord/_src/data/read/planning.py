@@ -9,8 +9,8 @@ tasks of about the split size.
 
 Example::
 
-    >>> from ray_tfrecord._src.io.listing import DataFile
-    >>> from ray_tfrecord._src.io.planning import FileRange, pack_ranges
+    >>> from ray_tfrecord._src.data.read.listing import DataFile
+    >>> from ray_tfrecord._src.data.read.planning import FileRange, pack_ranges
     >>> ranges = [FileRange.whole(DataFile(f"f{i}", 10, ())) for i in range(5)]
     >>> [[r.path for r in task] for task in pack_ranges(ranges, target_bytes=20)]
     [['f0', 'f1'], ['f2', 'f3'], ['f4']]
@@ -32,14 +32,9 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.framing import detect_compression
 from ray_tfrecord._src.core.index import RecordIndex, load_index, read_fingerprint
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.listing import DataFile
-from ray_tfrecord._src.io.partitioning import PartitionValues
-
-__all__ = [
-    "MAX_RANGES_PER_TASK", "FileRange", "Probe", "ProbeKind", "Shuffle", "check_shuffle", "default_read_tasks",
-    "pack_ranges", "plan_ranges", "probe_file", "shuffle_files", "split_bytes",
-]
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.partitioning import PartitionValues
+from ray_tfrecord._src.data.read.listing import DataFile
 
 Shuffle = Literal["files"] | FileShuffleConfig | None
 

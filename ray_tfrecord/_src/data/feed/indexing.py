@@ -46,13 +46,11 @@ from ray_tfrecord._src.core.index import (
     write_index,
 )
 from ray_tfrecord._src.core.layout import SCHEMA_FILE
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.listing import DataFile
-from ray_tfrecord._src.io.planning import ProbeKind, probe_file
-from ray_tfrecord._src.io.read_tasks import Compression
-from ray_tfrecord._src.io.task_errors import fetched, from_task
-
-__all__ = ["CACHE_DIR_ENV", "FileIndex", "cache_dir", "file_indexes"]
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.read.listing import DataFile
+from ray_tfrecord._src.data.read.planning import ProbeKind, probe_file
+from ray_tfrecord._src.data.read.read_tasks import Compression
+from ray_tfrecord._src.data.task_errors import fetched, from_task
 
 #: The environment variable naming the index cache's directory.
 CACHE_DIR_ENV = "RAY_TFRECORD_CACHE_DIR"

@@ -23,9 +23,6 @@ from ray_tfrecord._src.core.layout import (
 )
 from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest
 
-__all__ = ["CHECKPOINT_STAGING", "list_old_files", "listed_entries", "orphans", "parallel", "remove",
-           "remove_empty_dirs", "remove_orphan_sidecars", "unlisted_files"]
-
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 # Requests in flight at once (each is one round trip on an object store).

@@ -26,10 +26,7 @@ import ray
 
 from ray_tfrecord._src.core.errors import StallError
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.io import compat
-
-__all__ = ["CHECKPOINT_FILTER", "STALL_TIMEOUT_ENV", "TASK_CPUS", "Holder", "Watchdog", "checkpoint_holders",
-           "preflight", "set_stall_timeout", "shrunk", "stall_timeout"]
+from ray_tfrecord._src.data import compat
 
 logger = logging.getLogger(__name__)
 

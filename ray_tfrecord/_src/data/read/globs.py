@@ -30,8 +30,6 @@ from typing import Union
 
 from ray_tfrecord._src.core.errors import TFRecordError
 
-__all__ = ["Component", "Glob", "is_glob", "parse_glob"]
-
 # What makes a path a pattern (Hadoop's ``hasWildcard`` characters, and the escape).
 _GLOB_CHARS = frozenset("*?[{\\")
 # Placed before every wildcard: at a name's first character, a wildcard does not match "." or

@@ -40,9 +40,6 @@ from ray_tfrecord._src.core.errors import NotTFRecordError, TFRecordError
 from ray_tfrecord._src.core.framing import HEADER_BYTES, detect_compression, masked_crc32c
 from ray_tfrecord._src.core.layout import STAGING_DIR
 
-__all__ = ["SIDECARS", "STAGING", "Rule", "is_sidecar", "looks_like_tfrecord", "screen", "sidecar_kind",
-           "staging_tool", "tfds_splits", "warn_staging"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -30,40 +30,6 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParse
 
 from ray_tfrecord._src.core import options
 
-__all__ = [
-    "HIVE_PARSER_DECODES",
-    "NEWEST_TESTED_RAY",
-    "OLDEST_SUPPORTED_RAY",
-    "RAY_BUNDLES_WRITES_BY_BYTES",
-    "RAY_VERSION",
-    "ROW_COUNT_STUB_COLUMN",
-    "TRAIN_V2_MESSAGE",
-    "SaveMode",
-    "TaskContext",
-    "data_context",
-    "elastic_training",
-    "execution_index",
-    "has_file_extension",
-    "is_local_scheme",
-    "pickleable_filesystem",
-    "resolve_paths",
-    "retrying_filesystem",
-    "CHECKPOINTS",
-    "FileDatasinkBase",
-    "actor_pool_args",
-    "checkpoint_config",
-    "checkpoint_started",
-    "task_checkpoints_pending",
-    "ray_call_args",
-    "shuffle_seed",
-    "tensorflow_framework",
-    "train_v2_enabled",
-    "unpickled_filesystem",
-    "unwrap_filesystem",
-    "untested_ray_message",
-    "write_uuid",
-]
-
 #: The newest Ray minor release ``make test`` has passed on (see the module docstring to raise it).
 NEWEST_TESTED_RAY = (2, 60)
 #: The floor, pyproject.toml's ``ray>=`` (tests/test_versions.py checks they agree).
@@ -122,7 +88,7 @@ ROW_COUNT_STUB_COLUMN: str = _private(
 try:
     from ray.data import SaveMode
 except ImportError:  # Ray 2.50, 2.51
-    from ray.data._internal.savemode import SaveMode  # type: ignore[no-redef]
+    from ray.data._internal.savemode import SaveMode  # type: ignore[no-redef]  # noqa: F401 (the datasink's)
 
 # The context Ray passes to ``Datasink.write``; the public ``Datasink.write`` signature names it but Ray
 # exports it from no public module. Only a type here, so nothing is lost without it.

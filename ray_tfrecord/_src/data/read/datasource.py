@@ -7,18 +7,18 @@ Example:
 
 Reading works in three stages:
 
-1. *Listing* (driver, at construction): ``ray_tfrecord._src.io.listing.list_files``, which
+1. *Listing* (driver, at construction): ``ray_tfrecord._src.data.read.listing.list_files``, which
    skips names starting with ``.`` or ``_`` and applies ``partition_filter`` and
    ``file_extensions`` before any file is opened. Hive partition columns are typed
-   from all listed values (``ray_tfrecord._src.io.partitioning``).
+   from all listed values (``ray_tfrecord._src.data.partitioning``).
 2. *Schema* (driver, at construction): the one given, else the schema recorded by the
    ``write_tfrecords`` that wrote the directory, else inferred from the first
    ``infer_sample_records`` records of the first files (at most ``_INFER_MAX_FILES``
    files); see ``_record_schema``. Partition and ``path`` columns are added to it.
-3. *Planning* (driver, per execution): ``ray_tfrecord._src.io.planning`` cuts files into
+3. *Planning* (driver, per execution): ``ray_tfrecord._src.data.read.planning`` cuts files into
    byte ranges and packs them into read tasks of about ``total_bytes / parallelism``
    bytes.
-4. *Reading* (read tasks): ``ray_tfrecord._src.io.read_tasks``; each task streams one block per
+4. *Reading* (read tasks): ``ray_tfrecord._src.data.read.read_tasks``; each task streams one block per
    4 MiB of framed records (or ``target_max_block_size``, if smaller).
 """
 
@@ -48,9 +48,9 @@ from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_s
 from ray_tfrecord._src.core.manifest import is_object_store
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.core.schema import infer_schema, read_stored_schema
-from ray_tfrecord._src.io import compat, progress
-from ray_tfrecord._src.io.listing import Listing, list_files
-from ray_tfrecord._src.io.planning import (
+from ray_tfrecord._src.data import compat, progress
+from ray_tfrecord._src.data.read.listing import Listing, list_files
+from ray_tfrecord._src.data.read.planning import (
     Shuffle,
     check_shuffle,
     default_read_tasks,
@@ -59,7 +59,7 @@ from ray_tfrecord._src.io.planning import (
     shuffle_files,
     split_bytes,
 )
-from ray_tfrecord._src.io.read_tasks import PATH_COLUMN, Compression, ReadConfig, read_ranges
+from ray_tfrecord._src.data.read.read_tasks import PATH_COLUMN, Compression, ReadConfig, read_ranges
 
 
 class _CorruptionLedger:

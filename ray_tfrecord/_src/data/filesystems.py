@@ -14,9 +14,7 @@ import urllib.parse
 
 import pyarrow.fs as pafs
 
-from ray_tfrecord._src.io import compat
-
-__all__ = ["EMULATOR_ENV", "resolve_paths"]
+from ray_tfrecord._src.data import compat
 
 #: Google's clients' variable for a GCS emulator's address.
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"

@@ -4,11 +4,11 @@
 ``split_bytes``: a byte range that starts on a record boundary, with its exact record count. The
 boundaries come from the file's index sidecar (``ray_tfrecord._src.core.index``) when it is current;
 an uncompressed file without one is scanned once, in a Ray task, and the index kept for the next
-plan (``ray_tfrecord._src.io.indexing``). A GZIP/ZLIB file cannot be cut and is one split, whose
+plan (``ray_tfrecord._src.data.feed.indexing``). A GZIP/ZLIB file cannot be cut and is one split, whose
 record count also costs a scan the first time: decompressing the whole file, and a resumed or
 padded piece of it decompresses the file again up to the piece.
 
-``read_pieces`` reads pieces of splits (``ray_tfrecord._src.io.order``) with the native decoder,
+``read_pieces`` reads pieces of splits (``ray_tfrecord._src.data.feed.order``) with the native decoder,
 adding a weight column; it runs inside Ray Data tasks.
 """
 
@@ -27,19 +27,14 @@ from ray_tfrecord._src.core.codec import decode
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.framing import iter_chunks, open_stream
 from ray_tfrecord._src.core.schema import read_stored_schema
-from ray_tfrecord._src.io import compat
-from ray_tfrecord._src.io.indexing import FileIndex, file_indexes
-from ray_tfrecord._src.io.listing import DataFile, Listing, list_files
-from ray_tfrecord._src.io.order import SEED_COLUMN, Piece, row_order, row_seeds
-from ray_tfrecord._src.io.partitioning import PartitionValues
-from ray_tfrecord._src.io.planning import MAX_RANGES_PER_TASK
-from ray_tfrecord._src.io.read_tasks import PATH_COLUMN, Compression
-from ray_tfrecord._src.io.stored import StoredTuple
-
-__all__ = [
-    "DEFAULT_SPLIT_BYTES", "PieceReader", "Split", "SplitPlan", "group_pieces", "plan_splits", "read_group",
-    "read_pieces",
-]
+from ray_tfrecord._src.data import compat
+from ray_tfrecord._src.data.feed.by_reference import StoredTuple
+from ray_tfrecord._src.data.feed.indexing import FileIndex, file_indexes
+from ray_tfrecord._src.data.feed.order import SEED_COLUMN, Piece, row_order, row_seeds
+from ray_tfrecord._src.data.partitioning import PartitionValues
+from ray_tfrecord._src.data.read.listing import DataFile, Listing, list_files
+from ray_tfrecord._src.data.read.planning import MAX_RANGES_PER_TASK
+from ray_tfrecord._src.data.read.read_tasks import PATH_COLUMN, Compression
 
 #: A weighted piece: ``(piece, weight)``.
 Weighted = tuple[Piece, float]

@@ -4,7 +4,7 @@ A task's tables are checked (``WriteConfig.check_schema``), split by partition d
 (``split_by_partitions``), encoded, and written through a
 ``RecordWriter`` per file, with an index sidecar per uncompressed
 file. Files rotate by row count and size, and are named ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``
-or by the caller's ``FilenameProvider``. ``ray_tfrecord._src.io.commit`` then moves them into place.
+or by the caller's ``FilenameProvider``. ``ray_tfrecord._src.data.write.commit`` then moves them into place.
 On an object store they are written at their final keys instead, as ``part-<task>-<write id>-<n>``,
 and each file's index goes back to the driver for the manifest, not into a sidecar.
 """
@@ -30,10 +30,8 @@ from ray_tfrecord._src.core.framing import RecordWriter
 from ray_tfrecord._src.core.index import IndexBuilder, write_index
 from ray_tfrecord._src.core.layout import is_hidden_name
 from ray_tfrecord._src.core.schema import merge_recorded, stored_schema
-from ray_tfrecord._src.io.commit import StagedFile, checkpoint_file_base, make_dirs
-from ray_tfrecord._src.io.partitioning import split_by_partitions
-
-__all__ = ["WriteConfig", "write_tables"]
+from ray_tfrecord._src.data.partitioning import split_by_partitions
+from ray_tfrecord._src.data.write.commit import StagedFile, checkpoint_file_base, make_dirs
 
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
 

@@ -7,7 +7,7 @@ spelled ``__HIVE_DEFAULT_PARTITION__``, as Hive and Spark do. Values are URL-quo
 string survives the trip::
 
     >>> import pyarrow as pa
-    >>> from ray_tfrecord._src.io.partitioning import hive_directory, parse_partitions
+    >>> from ray_tfrecord._src.data.partitioning import hive_directory, parse_partitions
     >>> hive_directory({"year": 2021, "city": "São Paulo/Centro", "code": None})
     'year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__'
     >>> path = "/d/year=2021/city=S%C3%A3o%20Paulo%2FCentro/code=__HIVE_DEFAULT_PARTITION__/f"
@@ -31,10 +31,7 @@ import pyarrow.compute as pc
 from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionParser
 
 from ray_tfrecord._src.core.layout import HIVE_NULL_PARTITION
-from ray_tfrecord._src.io import compat
-
-__all__ = ["PartitionValues", "hive_directory", "parse_partitions", "split_by_partitions"]
-
+from ray_tfrecord._src.data import compat
 
 # One file's partition values, ``((column, typed value), ...)`` in column order: a tuple, so
 # that it is hashable and cheap to pickle into every read task.

@@ -3,8 +3,8 @@
 A Ray Train run starts a controller and a dataset manager beside its workers. They unpickle the
 trainer's backend config and its dataset config, and a class's module is imported on unpickling.
 Ray's ``TensorflowConfig`` lives in ``ray.train.tensorflow``, whose ``__init__`` imports TensorFlow and
-Keras, and so does everything under ``ray_tfrecord._src.tf``. Either one made both processes import
-TensorFlow, which neither uses: about 8 s of CPU each on every ``fit()``, before the workers start.
+Keras, and so made both processes import TensorFlow, which neither uses: about 8 s of CPU each on
+every ``fit()``, before the workers start.
 The two configs here do what Ray's do, from modules that import Ray alone.
 """
 
@@ -20,9 +20,7 @@ from ray.data import DataContext, Dataset, ExecutionOptions, ExecutionResources
 from ray.train import DataConfig
 from ray.train.backend import Backend, BackendConfig
 
-from ray_tfrecord._src.io import compat
-
-__all__ = ["IngestConfig", "TensorflowBackendConfig"]
+from ray_tfrecord._src.data import compat
 
 
 class TensorflowBackendConfig(BackendConfig):

@@ -1,0 +1,2 @@
+"""Reading: paths -> files (``listing``, ``globs``, ``foreign``) -> byte ranges and read tasks
+(``planning``) -> Arrow blocks (``read_tasks``), behind Ray Data's ``Datasource`` (``datasource``)."""
