@@ -37,6 +37,7 @@ from ._src.core.errors import (
     TFRecordError,
 )
 from ._src.core.framing import RecordWriter, iter_chunks, open_stream
+from ._src.core.manifest import ConflictError
 from ._src.core.options import RayTaskOptions
 from ._src.core.public import lazy_names as _lazy_names
 from ._src.core.schema import infer_schema
@@ -66,11 +67,11 @@ _LAZY = {
 }
 
 __all__ = [
-    "BYTE_ARRAY_SCHEMA", "SEED_COLUMN", "WEIGHT_COLUMN", "CorruptRecordError", "DecodeError", "Decoder",
-    "EncodedRecords", "Encoder", "ImageError", "ImageTransform", "NotTFRecordError", "RayTaskOptions", "RecordType",
-    "RecordWriter", "SchemaError", "StallError", "TFRecordDatasink", "TFRecordDatasource", "TFRecordError",
-    "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema", "iter_chunks",
-    "open_stream", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
+    "BYTE_ARRAY_SCHEMA", "SEED_COLUMN", "WEIGHT_COLUMN", "ConflictError", "CorruptRecordError", "DecodeError",
+    "Decoder", "EncodedRecords", "Encoder", "ImageError", "ImageTransform", "NotTFRecordError", "RayTaskOptions",
+    "RecordType", "RecordWriter", "SchemaError", "StallError", "TFRecordDatasink", "TFRecordDatasource",
+    "TFRecordError", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
+    "iter_chunks", "open_stream", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
 ]
 
 

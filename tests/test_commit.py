@@ -12,7 +12,8 @@ import pytest
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
-from ray_tfrecord._src.core.layout import SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.layout import LOG_DIR, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.manifest import read_manifest
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile
 from tests.filesystems import DelegatingHandler
@@ -37,13 +38,13 @@ def _schema(**types: pa.DataType) -> pa.Schema:
 
 
 def _tree(root) -> list[str]:
-    """Every file under ``root`` outside the staging directories, relative, sorted."""
+    """Every file under ``root`` outside the staging directories and the log, relative, sorted."""
     files = (os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
-    return sorted(f for f in files if not f.startswith(f"{STAGING_DIR}/"))
+    return sorted(f for f in files if not f.startswith((f"{STAGING_DIR}/", f"{LOG_DIR}/")))
 
 
-def _write(path, mode: str, *names: str, schema: pa.Schema | None = None) -> Commit:
-    commit = Commit(LOCAL, str(path), mode)
+def _write(path, mode: str, *names: str, schema: pa.Schema | None = None, keep_replaced: float = 0) -> Commit:
+    commit = Commit(LOCAL, str(path), mode, keep_replaced=keep_replaced)
     assert not commit.apply_mode()
     commit.start()
     staged = [_stage(commit, name) for name in names]
@@ -215,20 +216,26 @@ def test_a_checkpointed_task_publishes_its_files_and_the_reruns_continue(tmp_pat
     assert SUCCESS_MARKER in os.listdir(out) and STAGING_DIR not in os.listdir(out)
 
 
-def test_a_checkpointed_overwrite_clears_on_the_first_run_only(tmp_path):
+def test_a_checkpointed_overwrite_replaces_the_old_files_at_the_jobs_commit_only(tmp_path):
     out = tmp_path / "out"
     _write(out, "error", "old-0.tfrecord", "k=1/old-1.tfrecord")
+    old = _tree(out)
     first = _checkpointed(out, "overwrite", started=False)
     assert not first.apply_mode()
     first.start()
-    assert _tree(out) == []  # the old dataset went first: the new one appears task by task
+    assert _tree(out) == old  # readers read the old dataset until the job commits
     _publish(first, 0, "a" * 32, _schema(x=pa.int64()))
     rerun = _checkpointed(out, "overwrite", started=True)
     assert not rerun.apply_mode()
     rerun.start()
-    assert len(_tree(out)) == 2  # the first run's file and sidecar stay
-    rerun.finish([], [])
+    assert len(_tree(out)) == len(old) + 2  # the first run's file and sidecar stay, and the old files
+    result = rerun.finish([], [])
     assert read_stored_schema(LOCAL, str(out)) == _schema(x=pa.int64())
+    version = read_manifest(LOCAL, str(out))
+    assert version is not None and version.version == result.version
+    assert [e.rel_path for e in version.entries] == [f"part-00000-{'a' * 32}-0.tfrecord"]
+    assert sorted(version.commit.removed) == ["k=1/old-1.tfrecord", "old-0.tfrecord"]
+    assert (out / "old-0.tfrecord").exists()  # kept for reads planned before (keep_replaced, an hour)
 
 
 def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_path):
@@ -242,7 +249,8 @@ def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_
     rerun = _checkpointed(out, "append", started=False)
     assert rerun.apply_mode()  # nothing to write
     assert rerun.completed is not None and rerun.completed.num_rows == 0
-    assert sorted(os.listdir(out)) == sorted([SCHEMA_FILE, SUCCESS_MARKER, f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
+    assert sorted(os.listdir(out)) == sorted([LOG_DIR, SCHEMA_FILE, SUCCESS_MARKER,
+                                              f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
                                               f"part-00000-{'a' * 32}-0.tfrecord"])
 
 

@@ -40,12 +40,15 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFRecordError
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
+from ray_tfrecord._src.core.manifest import is_object_store
 from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from ray_tfrecord._src.data.read.listing import DataFile, Listing, list_files
 from ray_tfrecord._src.data.task_errors import task_cause
 from ray_tfrecord._src.data.write import dataset_files
+from ray_tfrecord._src.data.write.commit import log
+from ray_tfrecord._src.data.write.commit.protocol import DEFAULT_KEEP_REPLACED_S
 from ray_tfrecord._src.data.write.datasink import write_tfrecords
 
 _READERS = {
@@ -217,12 +220,15 @@ def _cmd_clean(args) -> int:
         raise FileNotFoundError(f"{args.path} does not exist, so there is nothing to clean; check the path")
     if kind != pafs.FileType.Directory:
         raise ValueError(f"{args.path} is a file; pass the dataset directory that holds it")
-    found = dataset_files.orphans(fs, path)
+    # Files replaced within --keep-replaced may still be read by reads planned before their replacement.
+    found = dataset_files.orphans(fs, path, kept=frozenset(log.replaced_recently(fs, path, args.keep_replaced)))
     for p in found:
         print(f"{'would delete' if args.dry_run else 'deleting'}: {p}")
     if not args.dry_run:
         dataset_files.remove(fs, found)
-    print(f"{len(found)} left by killed or failed writes{' (dry run: nothing deleted)' if args.dry_run else ''}")
+        log.expire(fs, path, args.keep_replaced, local=not is_object_store(compat.unwrap_filesystem(fs)))
+    print(f"{len(found)} left by killed or failed writes or replaced by commits over {args.keep_replaced:g} s ago"
+          f"{' (dry run: nothing deleted)' if args.dry_run else ''}")
     return 0
 
 
@@ -329,10 +335,15 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_index)
 
     p = sub.add_parser("clean", parents=[common], help="delete what killed or failed writes left in a dataset",
-                       description="Delete the files no committed manifest lists (object stores) and the "
-                                   "staging directories of writes that did not finish; a checkpointed job's are "
-                                   "kept for its rerun. Run it while no write to PATH is running.")
+                       description="Delete the files the dataset's latest version does not list (what killed "
+                                   "writes left, and what commits replaced over --keep-replaced seconds ago) and "
+                                   "the staging directories of writes that did not finish; a checkpointed job's are "
+                                   "kept for its rerun. Run it while no write to PATH is running: a running "
+                                   "write's files are not listed yet.")
     p.add_argument("path", help="the dataset directory (local, s3://, gs://, ...)")
+    p.add_argument("--keep-replaced", type=float, default=DEFAULT_KEEP_REPLACED_S, metavar="SECONDS",
+                   help="keep files replaced less than this long ago, for reads planned before "
+                        f"(default: {DEFAULT_KEEP_REPLACED_S:g}, as write_tfrecords' keep_replaced_files)")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.set_defaults(fn=_cmd_clean)
 

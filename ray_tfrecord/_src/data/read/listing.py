@@ -10,10 +10,11 @@ left out with a log line, and a file named and shaped like something else stops 
 ``partition_filter`` and ``file_extensions`` are then applied, so a pruned file is never
 opened. TFDS shards get a ``split`` partition column.
 
-Under a dataset root that holds a manifest (``ray_tfrecord._src.core.manifest``: a dataset written
-to an object store), only the files the manifest lists are read: what a write in flight or killed put
-there is not. A directory read at its root also gets the listed files that its listing missed (committed
-after the listing), so a committed file is never skipped.
+Under a dataset root that holds a log (``ray_tfrecord._src.core.manifest``; or the manifest of a dataset
+from before it), only the files of its latest version are read, read once: the read is planned against
+that one version, so what a write in flight or killed put there is not read, nor what a later commit adds;
+what it replaced stays for the writer's ``keep_replaced_files``. A directory read at its root also gets the
+listed files that its listing missed (committed after the listing), so a committed file is never skipped.
 
 A path that does not exist as written but holds a glob character is a Hadoop glob
 (``ray_tfrecord._src.data.read.globs``). It is walked from its base directory (the components before the
@@ -47,8 +48,8 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
-from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
-from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE, is_hidden
+from ray_tfrecord._src.core.manifest import missing_file_error, read_manifest
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.partitioning import PartitionValues, parse_partitions
 from ray_tfrecord._src.data.read import foreign
@@ -286,6 +287,8 @@ class _Seen:
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
         self.manifests.update(posixpath.dirname(e.path) for e in entries
                               if e.is_file and posixpath.basename(e.path) == MANIFEST_FILE)
+        self.manifests.update(posixpath.dirname(e.path) for e in entries
+                              if e.type == pafs.FileType.Directory and posixpath.basename(e.path) == LOG_DIR)
         if recursive:
             self.given.add(directory.rstrip("/") or directory)
 
@@ -336,9 +339,9 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
     infos = fs.get_file_info(unlisted) if unlisted else []
     gone = [i.path for i in infos if i.type == pafs.FileType.NotFound]
     if gone:
-        raise TFRecordError(f"the dataset's manifest lists this file, but it is gone ({len(gone)} of {len(committed)} "
-                            "listed files), deleted outside write_tfrecords; restore it, or write the dataset "
-                            "again with mode='overwrite'", path=gone[0])
+        cause = missing_file_error(fs, gone[0])
+        raise TFRecordError(f"the dataset's latest version lists this file ({len(gone)} of {len(committed)} listed "
+                            f"files are gone): {cause.reason}", path=gone[0])
     kept += [_Found(i.path, i.size, committed[i.path][1] is not None, None, True) for i in infos]
     return (kept, {p: index for p, (_, index) in committed.items() if index is not None},
             {r for r, m in manifests.items() if m is not None})

@@ -26,6 +26,7 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import RecordType, decode
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.framing import ByteStream, CorruptionReport, RecordChunk, iter_chunks, open_stream
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.read.planning import FileRange
 from ray_tfrecord._src.data.task_errors import from_task
@@ -104,7 +105,8 @@ def _opened_ahead(fs: pafs.FileSystem, ranges: list[FileRange],
         return
 
     def open_whole(whole: FileRange) -> _Opened:
-        return open_stream(whole.path, fs, config.compression, first_read=_first_read(whole))
+        with explain_missing(fs, whole.path):
+            return open_stream(whole.path, fs, config.compression, first_read=_first_read(whole))
 
     ahead: deque[tuple[FileRange, Future[_Opened] | None]] = deque()
     held, following = 0, iter(ranges)
@@ -130,13 +132,16 @@ def _opened_ahead(fs: pafs.FileSystem, ranges: list[FileRange],
 def _iter_range(fs: pafs.FileSystem, r: FileRange, config: ReadConfig,
                 report: CorruptionReport, opened: _Opened | None) -> Iterator[RecordChunk]:
     if r.whole_file:
-        stream, found = opened or open_stream(r.path, fs, config.compression)
+        with explain_missing(fs, r.path):
+            stream, found = opened or open_stream(r.path, fs, config.compression)
         with contextlib.closing(stream):
             yield from iter_chunks(stream, path=r.path, verify_crc=config.verify_crc, on_corrupt=config.on_corrupt,
                                    report=report, chunk_bytes=config.chunk_bytes,
                                    size=None if found else r.size, compressed=bool(found))
         return
-    with fs.open_input_file(r.path) as f:
+    with explain_missing(fs, r.path):
+        f = fs.open_input_file(r.path)
+    with f:
         f.seek(r.start)
         yield from iter_chunks(f, path=r.path, verify_crc=config.verify_crc, on_corrupt=config.on_corrupt,
                                report=report, chunk_bytes=config.chunk_bytes,

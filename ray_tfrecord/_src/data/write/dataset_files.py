@@ -15,6 +15,7 @@ import pyarrow.fs as pafs
 from ray_tfrecord._src.core.index import index_candidates
 from ray_tfrecord._src.core.layout import (
     INDEX_PREFIX,
+    LOG_DIR,
     MANIFEST_FILE,
     SCHEMA_FILE,
     STAGING_DIR,
@@ -33,18 +34,6 @@ CHECKPOINT_STAGING = "checkpoint-"
 _BOOKKEEPING = {INDEX_PREFIX, MANIFEST_FILE, SCHEMA_FILE, SUCCESS_MARKER}
 # The data files of checkpointed tasks (commit.checkpoint_file_base), as an index sidecar names them.
 _CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
-
-
-def list_old_files(fs: pafs.FileSystem, path: str) -> list[str]:
-    """Every file of the existing dataset, excluding other writers' staging."""
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return []
-    staging = posixpath.join(path, STAGING_DIR) + "/"
-    return [
-        e.path
-        for e in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        if e.is_file and not e.path.startswith(staging)
-    ]
 
 
 def remove_empty_dirs(fs: pafs.FileSystem, root: str, dirs: Iterable[str]) -> None:
@@ -71,19 +60,21 @@ def listed_entries(fs: pafs.FileSystem, path: str) -> list[Entry]:
 
 def unlisted_files(fs: pafs.FileSystem, path: str, manifest: Manifest) -> list[str]:
     """The files under dataset ``path`` that ``manifest`` does not list, nor the sidecar of a file it lists:
-    other writes' data files and sidecars (``_temporary/`` and the dataset's own bookkeeping are not counted)."""
+    other writes' data files and sidecars (``_temporary/``, the log and the dataset's own bookkeeping are not
+    counted)."""
     listed = manifest.paths(path)
     keep = listed | {c for p in listed for c in index_candidates(p)}
-    staging = posixpath.join(path, STAGING_DIR) + "/"
+    hidden = (posixpath.join(path, STAGING_DIR) + "/", posixpath.join(path, LOG_DIR) + "/")
     listing = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    return [e.path for e in listing if e.is_file and e.path not in keep and not e.path.startswith(staging)
+    return [e.path for e in listing if e.is_file and e.path not in keep and not e.path.startswith(hidden)
             and posixpath.relpath(e.path, path) not in _BOOKKEEPING]
 
 
-def orphans(fs: pafs.FileSystem, path: str) -> list[str]:
-    """What killed or failed writes left in dataset ``path``: files that its manifest does not list (none
-    when it has no manifest: then every visible file is data), and staging directories, except those of a
-    checkpointed job, whose rerun continues them (and the files their records name)."""
+def orphans(fs: pafs.FileSystem, path: str, *, kept: frozenset[str] = frozenset()) -> list[str]:
+    """What killed or failed writes left in dataset ``path``: files that its latest version does not list (none
+    when it has no log or manifest: then every visible file is data), less ``kept`` (replaced files that readers
+    may still read), and staging directories, except those of a checkpointed job, whose rerun continues them
+    (and the files their records name)."""
     staging = posixpath.join(path, STAGING_DIR)
     entries = fs.get_file_info(pafs.FileSelector(staging, allow_not_found=True))
     jobs = [e.path for e in entries if e.type == pafs.FileType.Directory
@@ -95,7 +86,8 @@ def orphans(fs: pafs.FileSystem, path: str) -> list[str]:
     records = [posixpath.basename(e.path) for job in jobs
                for e in fs.get_file_info(pafs.FileSelector(job, allow_not_found=True)) if e.is_file]
     bases = tuple(b.split(".", 1)[0] + "-" for b in records if b.startswith("part-"))
-    return found + [p for p in unlisted_files(fs, path, manifest) if not posixpath.basename(p).startswith(bases)]
+    return found + [p for p in unlisted_files(fs, path, manifest)
+                    if p not in kept and not posixpath.basename(p).startswith(bases)]
 
 
 def remove(fs: pafs.FileSystem, paths: Sequence[str]) -> None:

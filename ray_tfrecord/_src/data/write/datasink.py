@@ -21,7 +21,7 @@ import logging
 import math
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -40,11 +40,16 @@ from ray_tfrecord._src.data import compat, filesystems, progress
 from ray_tfrecord._src.data.compat import SaveMode
 from ray_tfrecord._src.data.task_errors import from_task, task_cause
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
+from ray_tfrecord._src.data.write.commit.protocol import DEFAULT_KEEP_REPLACED_S
 from ray_tfrecord._src.data.write.writers import WriteConfig, write_tables
 
 # SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
 
 logger = logging.getLogger(__name__)
+
+#: What ``mode="overwrite"`` replaces: the whole dataset, or (Spark's dynamic partition overwrite) the partitions
+#: the write writes.
+PartitionOverwrite = Literal["static", "dynamic"]
 
 if TYPE_CHECKING:
     _Base = Datasink[dict[str, Any]]
@@ -111,6 +116,18 @@ class TFRecordDatasink(_Base):
             (lossy) instead of refusing them.
         allow_decimal_narrowing: Write decimal values that have no exact float32 form
             as the nearest float32 (lossy) instead of refusing them.
+        partition_overwrite: With ``mode="overwrite"`` and ``partition_cols``: ``"static"`` (default)
+            replaces the whole dataset; ``"dynamic"`` replaces only the partitions present in the new
+            rows and keeps the others (Spark's ``partitionOverwriteMode=dynamic``): a backfill of one day.
+        keep_replaced_files: Seconds the files an ``overwrite`` replaces stay after its commit, so that
+            reads planned before it finish (our readers never see them: they read one committed
+            version). A later write, or ``ray-tfrecord clean``, deletes them once older. ``0`` deletes
+            them at the commit, for foreign readers that glob the directory (``tf.data``). Default: an hour.
+
+    Concurrent writes to one dataset (appends from several jobs, backfills, an overwrite) each commit a
+    version of its log; an append never conflicts, and the rest end as if one ran after the other
+    ([Cloud storage](../cloud-storage.md#concurrent-writes)). A write that cannot follow another
+    (``mode="error"`` to a dataset created meanwhile) raises [`ConflictError`][ray_tfrecord.ConflictError].
     """
 
     # Open files per write task; beyond it the least recently used one is closed
@@ -134,6 +151,8 @@ class TFRecordDatasink(_Base):
         write_index: bool = True,
         allow_float64_narrowing: bool = False,
         allow_decimal_narrowing: bool = False,
+        partition_overwrite: PartitionOverwrite = "static",
+        keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
     ):
         mode = options.mode(mode)
         options.compression(compression)
@@ -153,8 +172,15 @@ class TFRecordDatasink(_Base):
         paths, fs = filesystems.resolve_paths([self._unresolved_path], filesystem)
         retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
+        if partition_overwrite not in ("static", "dynamic"):
+            raise ValueError(f"partition_overwrite must be 'static' (an overwrite replaces the whole dataset) or "
+                             f"'dynamic' (only the partitions it writes), got {partition_overwrite!r}")
+        if partition_overwrite == "dynamic" and not partition_cols:
+            raise ValueError("partition_overwrite='dynamic' replaces the partitions the write writes; give "
+                             "partition_cols, or leave partition_overwrite out to replace the whole dataset")
         self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying),
-                             caller_names=filename_provider is not None)
+                             caller_names=filename_provider is not None,
+                             partitions_only=partition_overwrite == "dynamic", keep_replaced=keep_replaced_files)
         self._min_rows_per_file = min_rows_per_file
         self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
         self._min_bytes_per_write = min(target_file_size or sizes.MIN_BYTES_PER_WRITE, sizes.MIN_BYTES_PER_WRITE)
@@ -377,6 +403,8 @@ def write_tfrecords(
     write_index: bool = True,
     allow_float64_narrowing: bool = False,
     allow_decimal_narrowing: bool = False,
+    partition_overwrite: PartitionOverwrite = "static",
+    keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
     concurrency: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     **task_options: Unpack[options.RayTaskOptions],
@@ -414,6 +442,8 @@ def write_tfrecords(
         write_index=write_index,
         allow_float64_narrowing=allow_float64_narrowing,
         allow_decimal_narrowing=allow_decimal_narrowing,
+        partition_overwrite=partition_overwrite,
+        keep_replaced_files=keep_replaced_files,
     )
     given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args, **task_options)
     if sink.prepare(ds):

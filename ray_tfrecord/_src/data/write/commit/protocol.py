@@ -1,47 +1,32 @@
-"""The staged, all-or-nothing commit of a TFRecord write, on any ``pyarrow.fs`` filesystem.
+"""The all-or-nothing commit of a TFRecord write, racing other writers, on any ``pyarrow.fs`` filesystem.
 
 This module imports no Ray: ``Commit`` is the protocol alone, driven by the datasink, testable on a local disk.
+ARCHITECTURE.md ("Write") and docs/cloud-storage.md ("How a write commits") give the account; in brief:
 
-What a concurrent reader sees:
+1. ``Commit.apply_mode`` and ``Commit.start`` (driver) apply the save mode. On local disk and HDFS the
+   writers then write every file, and its index sidecar (``_index.<relative path>``), under
+   ``<path>/_temporary/<write id>/``, which readers skip; on S3 and GCS they write each file at its
+   final key, ``part-<task>-<write id>-<n>``, and return its size, rows and record index.
+2. After every writer succeeded, ``Commit.finish`` (driver) renames the staged files into place,
+   records the schema and commits the next version of the dataset's log (``log.commit``: a
+   create-if-absent, retried on the latest version when another write took the number). That is the
+   commit point: our readers read exactly the files of the latest version, so they see the dataset
+   before or after, never a part. Then ``_SUCCESS``; then it deletes what commits more than
+   ``keep_replaced`` seconds ago replaced (``log.expire``), so readers that planned against the
+   version before this one finish. A failed write calls ``Commit.abort``.
 
-1. ``Commit.apply_mode`` and ``Commit.start`` (driver) apply the save mode; the writers
-   then write every file, and its index sidecar (``_index.<relative path>``, see
-   ``ray_tfrecord._src.core.index``), under ``<path>/_temporary/<write id>/``. Readers that skip
-   ``_``-prefixed names (this package, Spark, Hive, Ray's readers) never see these files, so a
-   failed or killed write leaves nothing visible (at worst a hidden ``_temporary/<write id>/``
-   directory after a hard kill).
-2. Only after every writer succeeded, ``Commit.finish`` (driver) moves the staged files into
-   place (sidecar first, so a data file is splittable as soon as it is visible), then, for
-   ``overwrite``, deletes the files that were there before, then removes the staging directory,
-   records the schema and writes ``_SUCCESS`` last. A failed write calls ``Commit.abort``.
-
-Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) the commit is per write task
-instead, because Ray records a task's ids as done when the task returns, and a rerun skips them: the
-task's files must be in place by then. Ray writes the ids as a pending record before the task writes;
-``Commit.publish`` (in the task) moves the task's staged files into place (each a rename, so never
-half-written) and Ray then commits the record. A job killed between the two leaves a pending record; the
-rerun's recovery (Ray's) deletes the files named after it and writes those rows again. Files are named
-``part-<task>-<write id>-<n>`` so that Ray can match them. The staging directory is then
-``_temporary/checkpoint-<key of the checkpoint path>/``, the same in every run of the job: it holds each
-task's record schemas, and its presence after Ray deleted its checkpoint (on success) says the data is
-complete and only this commit's last steps remain. ``Commit.apply_mode`` applies the save mode on the
-job's first run only; reruns continue it. ``Commit.finish`` then records the schema of every run's
-files, removes index sidecars whose data file Ray deleted, writes ``_SUCCESS`` and removes the staging
-directory last.
-
-During step 2 a reader listing the directory may see a partial dataset: some of the new files
-(``append``), or for ``overwrite`` the old files plus some of the new ones, until the old ones are
-deleted. On a local filesystem or HDFS each move is a rename and step 2 takes milliseconds.
-
-On an object store (S3, GCS), where a move is a copy of every byte, nothing is staged or moved (the
-table formats' commit; ARCHITECTURE.md says why). ``Commit.start`` makes sure the dataset has a
-manifest (``ray_tfrecord._src.core.manifest``; our readers read only what it lists), writing one
-of the files already there if it has none; write tasks write each file at its final key,
-``part-<task>-<write id>-<n>``, and return its size, rows and index; ``Commit.finish`` records the
-schema and writes the new manifest in one request, the commit; then ``_SUCCESS``; then it deletes, in
-parallel, what the manifest no longer lists (``overwrite``'s old files, a retried task's extras).
-Checkpointed tasks write the same way and record their files in one object per task in the staging
-directory, which ``Commit.finish`` lists in the manifest.
+Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) Ray records a task's ids as
+done when the task returns, and a rerun skips them: the task's files must be in place by then. Ray writes
+the ids as a pending record before the task writes; ``Commit.publish`` (in the task) records the task's
+schemas and files (``<base>.files``) in the job's staging directory, then moves them into place (on local
+disk; on an object store they are there), and Ray then commits the record. A job killed between the two
+leaves a pending record; the rerun's recovery (Ray's) deletes the files (and records) named after it and
+writes those rows again. Files are named ``part-<task>-<write id>-<n>`` so that Ray can match them. The
+staging directory is ``_temporary/checkpoint-<key of the checkpoint path>/``, the same in every run of
+the job; its presence after Ray deleted its checkpoint (on success) says the data is complete and only
+this commit's last steps remain. ``Commit.apply_mode`` applies the save mode on the job's first run only
+(an overwrite leaves a marker: the old files stay listed until the job's commit); ``Commit.finish`` then
+commits every run's recorded files as one version.
 
 Example (``staged`` and ``schemas`` are what the writers report)::
 
@@ -73,20 +58,26 @@ from ray_tfrecord._src.core import options
 from ray_tfrecord._src.core.errors import SchemaError, TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import (
+    LOG_DIR,
     MANIFEST_FILE,
     SCHEMA_FILE,
     STAGING_DIR,
     SUCCESS_MARKER,
 )
-from ray_tfrecord._src.core.manifest import Entry, Manifest, is_object_store, read_manifest, write_manifest
+from ray_tfrecord._src.core.manifest import (
+    ConflictError,
+    Entry,
+    Manifest,
+    is_object_store,
+    read_manifest,
+    write_manifest,
+)
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
+from ray_tfrecord._src.data.write.commit import log
 from ray_tfrecord._src.data.write.dataset_files import (
     CHECKPOINT_STAGING,
-    list_old_files,
-    listed_entries,
     parallel,
     remove,
-    remove_empty_dirs,
     remove_orphan_sidecars,
     unlisted_files,
 )
@@ -95,13 +86,15 @@ logger = logging.getLogger(__name__)
 
 # A checkpointed job's staging directory, ``_temporary/checkpoint-<key>``, and what it holds besides staged
 # files: one record per schema a task wrote (``<task's file base>.<n>.schema``, so Ray's recovery deletes it
-# with the task's files) and, when the job appends to files whose schema was never recorded, a marker.
+# with the task's files), one record of the task's files (``<base>.files``, a manifest of them), and markers:
+# the job appends to files whose schema was never recorded; the job overwrites (the old files stay listed
+# until its commit).
 _SCHEMA_RECORD = ".schema"
-_UNRECORDED = "_unrecorded"
-# On an object store: a checkpointed task's files (``<base>.files``, a manifest of them), and the marker of a
-# checkpointed overwrite, whose old files stay readable until the job's manifest replaces them.
 _FILES_RECORD = ".files"
+_UNRECORDED = "_unrecorded"
 _OVERWRITE = "_overwrite"
+#: How long a commit keeps the files it replaced, by default: readers that planned before it finish.
+DEFAULT_KEEP_REPLACED_S = 3600.0
 
 
 def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
@@ -112,12 +105,15 @@ def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
 
 @dataclass(frozen=True)
 class TFRecordWriteResult:
-    """What a write produced: ``files``, the final paths of its data files (none when ``mode="ignore"`` skipped it)."""
+    """What a write produced: ``files``, the final paths of its data files (none when ``mode="ignore"`` skipped it);
+    ``version``, the dataset's version it committed; ``retries``, the commits it lost to other writes first."""
 
     num_rows: int
     files: list[str] = field(default_factory=list)
     bytes_written: int = 0
     skipped: bool = False
+    version: int | None = None
+    retries: int = 0
 
     @property
     def num_files(self) -> int:
@@ -143,14 +139,14 @@ def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> 
 
 
 def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
-    """Whether ``path`` holds data: a file, or a directory with more than ``_temporary`` and a manifest."""
+    """Whether ``path`` holds data: a file, or a directory with more than ``_temporary`` and the log."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
         return True
     if info.type != pafs.FileType.Directory:
         return False
     entries = filesystem.get_file_info(pafs.FileSelector(path))
-    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE) for e in entries)
+    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE, LOG_DIR) for e in entries)
 
 
 class Commit:
@@ -161,25 +157,35 @@ class Commit:
         path: The dataset directory.
         mode: What to do with data already at ``path``: ``"error"``, ``"overwrite"``,
             ``"append"`` or ``"ignore"``.
-        underlying: The filesystem ``filesystem`` wraps, to tell a local disk and an object store
-            apart; ``filesystem`` itself when absent.
+        underlying: The filesystem ``filesystem`` wraps, to tell the stores apart; ``filesystem`` when absent.
         caller_names: Whether the caller names the files (a ``FilenameProvider``): staged, as they could clash.
+        partitions_only: For ``overwrite``: replace only the partition directories the write writes
+            (Spark's dynamic partition overwrite), keeping the others.
+        keep_replaced: Seconds the files a commit replaces stay, for readers that planned before it.
 
     The object is pickled into the writers along with the datasink; only ``staging``,
     ``object_store`` and ``filesystem`` matter there.
     """
 
     def __init__(self, filesystem: pafs.FileSystem, path: str, mode: options.Mode, *,
-                 underlying: pafs.FileSystem | None = None, caller_names: bool = False) -> None:
+                 underlying: pafs.FileSystem | None = None, caller_names: bool = False,
+                 partitions_only: bool = False, keep_replaced: float = DEFAULT_KEEP_REPLACED_S) -> None:
         self.filesystem = filesystem
         self.path = path.rstrip("/")
         self.mode = options.mode(mode)
-        base = filesystem if underlying is None else underlying
-        #: Whether ``filesystem`` is S3 or GCS: no directories, a move is a copy; commits by manifest.
-        self.object_store = is_object_store(base)
+        if partitions_only and self.mode != "overwrite":
+            raise ValueError(f"partition_overwrite='dynamic' replaces partitions, so it needs mode='overwrite', "
+                             f"not {self.mode!r}")
+        if keep_replaced < 0:
+            raise ValueError(f"keep_replaced_files must be 0 or more seconds, got {keep_replaced}")
+        self.partitions_only = partitions_only
+        self.keep_replaced = keep_replaced
+        self._store = filesystem if underlying is None else underlying
+        #: Whether ``filesystem`` is S3 or GCS: no directories, a move is a copy, so files go to their final keys.
+        self.object_store = is_object_store(self._store)
         #: Whether write tasks write files at their final paths (object stores, unless the caller names them).
         self.direct = self.object_store and not caller_names
-        self._local = isinstance(base, pafs.LocalFileSystem)
+        self._local = isinstance(self._store, pafs.LocalFileSystem)
         #: This write's id, in the names of the files written directly.
         self.write_id = uuid.uuid4().hex
         #: Where writers put their files until ``finish`` moves them into place.
@@ -193,6 +199,7 @@ class Commit:
         self.checkpoint: str | None = None
         self.completed: TFRecordWriteResult | None = None
         self._created_root = False
+        self._found_data = False  # apply_mode saw a dataset (for error and ignore: none must appear by the commit)
 
     @property
     def write_dir(self) -> str:
@@ -218,6 +225,7 @@ class Commit:
                 return True
         if not self.has_data():
             return False
+        self._found_data = True
         if self.mode == "append":
             self.recorded = read_stored_schema(self.filesystem, self.path)
         if self.mode == "error":
@@ -232,32 +240,26 @@ class Commit:
         return False
 
     def has_data(self) -> bool:
-        """Whether the dataset holds data; on an object store with a manifest, whether it lists any file
-        (what a killed write left is not data)."""
-        if self.object_store:
-            manifest = read_manifest(self.filesystem, self.path)
-            if manifest is not None:
-                return bool(manifest.entries)
+        """Whether the dataset holds data; with a log, whether its latest version lists any file (what a
+        killed write left is not data)."""
+        version = read_manifest(self.filesystem, self.path)
+        if version is not None:
+            return bool(version.entries)
         return dataset_exists(self.filesystem, self.path)
 
     def start(self) -> None:
         """Create the staging directory (after ``apply_mode`` said to go ahead)."""
         fs = self.filesystem
         self._created_root = fs.get_file_info(self.path).type == pafs.FileType.NotFound
-        if self.object_store and read_manifest(fs, self.path) is None:
-            # Files will land at their final keys: from now on our readers must read only the listed ones.
-            write_manifest(fs, self.path, Manifest(listed_entries(fs, self.path)))
+        if read_manifest(fs, self.path) is None:
+            # A first version, before any file of this write lands (at its final key, or renamed there): from
+            # now on our readers and every writer read only committed files, never another write's in flight.
+            log.commit(fs, self._store, self.path, log.Change("append", self.write_id, [], ()))
         if self.checkpoint is not None and not self._checkpoint_started:
-            # The job's first run. Its files become visible task by task, so the ones an overwrite replaces
-            # go first (as Ray's own file writers do); the reruns keep all of them. On an object store the
-            # manifest hides the new files until the job's commit, so the old ones stay until then.
-            if self.mode == "overwrite" and self.object_store:
+            # The job's first run. Its files land task by task, unlisted until the job's commit, which replaces
+            # the old ones (an overwrite) in one version.
+            if self.mode == "overwrite":
                 self._mark(_OVERWRITE)
-            elif self.mode == "overwrite":
-                old = list_old_files(fs, self.path)
-                for path in old:
-                    fs.delete_file(path)
-                remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
             elif self.mode == "append" and self.has_data() and self.recorded is None:
                 self._mark(_UNRECORDED)
         make_dirs(fs, self.staging, object_store=self.object_store)
@@ -270,7 +272,7 @@ class Commit:
         return self.filesystem.get_file_info(posixpath.join(self.staging, name)).type == pafs.FileType.File
 
     def publish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], base: str) -> list[StagedFile]:
-        """In a checkpointed write task: record the task's ``schemas``, make its ``staged`` files durable
+        """In a checkpointed write task: record the task's ``schemas`` and ``staged`` files, make them durable
         and move them into place (sidecar first), before Ray commits the task's ids. ``base``: the
         ``checkpoint_file_base`` of the task's files. Returns the files, marked in place."""
         fs = self.filesystem
@@ -278,9 +280,9 @@ class Commit:
             with fs.open_output_stream(posixpath.join(self.staging, f"{base}.{n}{_SCHEMA_RECORD}"),
                                        compression=None) as out:
                 out.write(schema.serialize())
-        if self.direct:  # the files are at their final keys already: one record of them, not a move each
-            if staged:
-                write_manifest(fs, self.staging, Manifest(_entries(staged)), name=base + _FILES_RECORD)
+        if staged:  # one record of the files, not a listing of them at the commit
+            write_manifest(fs, self.staging, Manifest(_entries(staged)), name=base + _FILES_RECORD)
+        if self.direct:  # the files are at their final keys already
             return [f._replace(in_place=True) for f in staged]
         moves = []
         for f in staged:
@@ -288,7 +290,7 @@ class Commit:
             if f.has_index:
                 moves.append((index_path(src, self.staging), index_path(dst, self.path)))
             moves.append((src, dst))
-        self._sync(src for src, _ in moves)
+        self._sync([*(src for src, _ in moves), self.staging])
         for src, dst in moves:
             make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
             fs.move(src, dst)
@@ -309,64 +311,25 @@ class Commit:
 
     def finish(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema], *,
                names_from_caller: bool = False) -> TFRecordWriteResult:
-        """Move the ``staged`` files into place and complete the dataset; ``schemas`` are the record
-        schemas the writers wrote. ``names_from_caller``: the file names are the caller's (a
-        ``filename_provider``), so they may clash; a clash fails the write before any file moves."""
+        """Move the ``staged`` files into place and commit them as the dataset's next version; ``schemas`` are
+        the record schemas the writers wrote. ``names_from_caller``: the file names are the caller's (a
+        ``filename_provider``), so they may clash; a clash fails the write before any file moves. Raises
+        ``ConflictError`` when another write committed what this one cannot follow (``error``, ``ignore``:
+        a dataset); nothing of this write is then visible."""
         if names_from_caller:
             self._refuse_name_clashes(staged)
-        if self.object_store:
-            return self._finish_by_manifest(staged, schemas)
         fs = self.filesystem
-        checkpointed = self.checkpoint is not None
-        old = list_old_files(fs, self.path) if self.mode == "overwrite" and not checkpointed else []
-        appended_to_data = self.mode == "append" and dataset_exists(fs, self.path)
-
-        final_paths = []
-        for f in staged:
-            src = posixpath.join(self.staging, f.rel_path)
-            dst = posixpath.join(self.path, f.rel_path)
-            final_paths.append(dst)
-            if f.in_place:
-                continue
-            make_dirs(fs, posixpath.dirname(dst), object_store=self.object_store)
-            if f.has_index:
-                fs.move(index_path(src, self.staging), index_path(dst, self.path))
-            fs.move(src, dst)
-
-        if old:
-            new = set(final_paths) | {index_path(p, self.path) for p in final_paths}
-            for path in old:
-                if path not in new:
-                    fs.delete_file(path)
-            remove_empty_dirs(fs, self.path, {posixpath.dirname(p) for p in old})
-        if checkpointed:
-            # Every run's files count: the schemas their tasks recorded, over the one recorded before the
-            # job (gone if the job appended to files without one). The staging directory goes last: while
-            # it is there, a rerun finds this commit to complete.
-            remove_orphan_sidecars(fs, self.path)
-            self._record_schema([*self._schema_records(), *schemas], self._marked(_UNRECORDED))
+        moves = [f for f in staged if not f.in_place]
+        if self.object_store:  # a filename_provider's files, staged: a copy each, in parallel
+            parallel(lambda f: fs.move(posixpath.join(self.staging, f.rel_path),
+                                       posixpath.join(self.path, f.rel_path)), moves)
         else:
-            self._remove_staging()
-            self._record_schema(schemas, appended_to_data)
-        # A manifest copied here from an object store would hide the files this commit added from our readers.
-        if fs.get_file_info(manifest := posixpath.join(self.path, MANIFEST_FILE)).type == pafs.FileType.File:
-            fs.delete_file(manifest)
-        with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
-            pass
-        if checkpointed:
-            self._remove_staging()
-        return TFRecordWriteResult(
-            num_rows=sum(f.rows for f in staged),
-            files=final_paths,
-            bytes_written=sum(f.size for f in staged),
-        )
-
-    def _finish_by_manifest(self, staged: Sequence[StagedFile], schemas: Sequence[pa.Schema]) -> TFRecordWriteResult:
-        """``finish`` on an object store: one manifest write commits; the deletes after it run in parallel."""
-        fs = self.filesystem
-        moves = [f for f in staged if not f.in_place]  # a filename_provider's files, staged
-        parallel(lambda f: fs.move(posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)),
-                  moves)
+            for f in moves:
+                src, dst = posixpath.join(self.staging, f.rel_path), posixpath.join(self.path, f.rel_path)
+                make_dirs(fs, posixpath.dirname(dst), object_store=False)
+                if f.has_index:  # the sidecar first: a data file is splittable as soon as it is there
+                    fs.move(index_path(src, self.staging), index_path(dst, self.path))
+                fs.move(src, dst)
         new = _entries(staged)
         checkpointed = self.checkpoint is not None
         if checkpointed:
@@ -380,47 +343,72 @@ class Commit:
                 self._record_schema(written, self._marked(_UNRECORDED))
         else:
             replaces = self.mode == "overwrite"
-        current = None if replaces else read_manifest(fs, self.path)
-        if not checkpointed:
-            self._record_schema(schemas, self.mode == "append" and bool(current and current.entries))
-        ours = {e.rel_path for e in new}
-        kept = [e for e in (current.entries if current else []) if e.rel_path not in ours]
-        committed = Manifest(kept + new)
-        write_manifest(fs, self.path, committed)
+            self._record_schema(schemas, self.mode == "append" and self.has_data())
+        scope = (None if not self.partitions_only else log.partitions_of(e.rel_path for e in new)) if replaces else ()
+        change = log.Change(self.mode, self.write_id, new, scope,
+                            must_be_first=self.mode in ("error", "ignore") and not checkpointed)
+        try:
+            committed = log.commit(fs, self._store, self.path, change)
+        except ConflictError:
+            self._remove([posixpath.join(self.path, e.rel_path) for e in new])
+            if self.mode != "ignore":
+                raise
+            # Ignore's serial outcome after the write that won: the dataset exists, so nothing is written.
+            logger.warning("[mode=ignore] another write created %s while this one ran; not writing.", self.path)
+            return TFRecordWriteResult(num_rows=0, skipped=True)
         with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
             pass
-        mine = f"part-*-{self.write_id}-*"
-        parallel(fs.delete_file, [p for p in unlisted_files(fs, self.path, committed)
-                                   if replaces or fnmatch.fnmatch(posixpath.basename(p), mine)])
+        if self.direct:  # a retried task's extra files, written at final keys that no version lists
+            mine = f"part-*-{self.write_id}-*"
+            log.delete_quietly(fs, [p for p in unlisted_files(fs, self.path, committed.version)
+                                    if fnmatch.fnmatch(posixpath.basename(p), mine)])
+        log.expire(fs, self.path, self.keep_replaced, local=not self.object_store)
+        if checkpointed:
+            # Ray's recovery deletes a killed task's files, not their sidecars. The staging directory goes last:
+            # while it is there, a rerun finds this commit to complete.
+            remove_orphan_sidecars(fs, self.path)
         self._remove_staging()
         return TFRecordWriteResult(num_rows=sum(f.rows for f in staged),
                                    files=[posixpath.join(self.path, f.rel_path) for f in staged],
-                                   bytes_written=sum(f.size for f in staged))
+                                   bytes_written=sum(f.size for f in staged),
+                                   version=committed.version.version, retries=committed.retries)
 
     def _task_files(self) -> list[Entry]:
-        """On an object store, every checkpointed task's files, as the tasks recorded them, in every run so far."""
+        """Every checkpointed task's files, as the tasks recorded them, in every run so far."""
         entries = self.filesystem.get_file_info(pafs.FileSelector(self.staging, allow_not_found=True))
         names = sorted(posixpath.basename(e.path) for e in entries if e.is_file and e.path.endswith(_FILES_RECORD))
         found = parallel(lambda name: read_manifest(self.filesystem, self.staging, name=name), names)
         return [e for m in found if m is not None for e in m.entries]
 
+    def _remove(self, paths: Sequence[str]) -> None:
+        """Delete this write's data files (and sidecars, where there are), committed by no version."""
+        sidecars = [] if self.object_store else [index_path(p, self.path) for p in paths]
+        log.delete_quietly(self.filesystem, [*paths, *sidecars])
+
     def abort(self) -> None:
         """Remove what a failed write staged, and the dataset directory if this write created it
         and it holds nothing else. A checkpointed write keeps both: its tasks' files are in place and
         their ids recorded, and the rerun continues them. On an object store, the files this write wrote at
-        their final keys go too (a task still running may yet add one: no manifest lists it)."""
+        their final keys go too (a task still running may yet add one: no version lists it)."""
         if self.checkpoint is not None:
             return
-        if self.object_store:
-            manifest = read_manifest(self.filesystem, self.path) or Manifest()
+        if self.direct:
+            version = read_manifest(self.filesystem, self.path) or Manifest()
             mine = f"part-*-{self.write_id}-*"
-            parallel(self.filesystem.delete_file, [p for p in unlisted_files(self.filesystem, self.path, manifest)
-                                                    if fnmatch.fnmatch(posixpath.basename(p), mine)])
-            if self._created_root and not manifest.entries:
-                self.filesystem.delete_file(posixpath.join(self.path, MANIFEST_FILE))
+            self._remove([p for p in unlisted_files(self.filesystem, self.path, version)
+                          if fnmatch.fnmatch(posixpath.basename(p), mine)])
         self._remove_staging()
-        if self._created_root and not dataset_exists(self.filesystem, self.path):
-            self.filesystem.delete_dir(self.path)
+        if self._created_root and self._only_our_first_version():
+            remove(self.filesystem, [posixpath.join(self.path, LOG_DIR)])
+            if not self.object_store:
+                with contextlib.suppress(OSError):  # another write's files arrived meanwhile
+                    os.rmdir(self.path) if self._local else self.filesystem.delete_dir(self.path)
+
+    def _only_our_first_version(self) -> bool:
+        """Whether the dataset holds nothing but the empty first version ``start`` committed."""
+        version = read_manifest(self.filesystem, self.path)
+        return (version is not None and version.version == 1 and version.commit is not None
+                and version.commit.write_id == self.write_id and not dataset_exists(self.filesystem, self.path))
 
     def _refuse_name_clashes(self, staged: Sequence[StagedFile]) -> None:
         """A filename_provider's names are the caller's: two tasks may get the same one (both wrote the

@@ -1,0 +1,177 @@
+"""Committing a version to the dataset's log (``ray_tfrecord._src.core.manifest``) against other writers,
+and expiring what replaced versions left.
+
+A write commits by creating ``_tfrecord_log/<n + 1>.json`` where ``n`` is the latest version, if absent
+(``stores.create_if_absent``). A writer that loses the race for ``n + 1`` lists the log again and rebases
+its change on the version that won: an append adds its files to it; an overwrite removes the files of the
+latest version in the partitions it replaces (all, or those it wrote), so the outcome is that of the two
+commits in their log order, whatever ran when. Only a write that wants no dataset there (``mode="error"``
+or ``"ignore"``) can lose for good: another write created one meanwhile.
+
+Replaced files are not deleted at the commit: readers that planned against an earlier version are still
+reading them. Each commit (and ``ray-tfrecord clean``) deletes those replaced more than ``keep`` seconds
+ago, and the log's versions from then, except the latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import posixpath
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from ray_tfrecord._src.core.index import index_candidates
+from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE
+from ray_tfrecord._src.core.manifest import (
+    CommitInfo,
+    ConflictError,
+    Entry,
+    Manifest,
+    list_versions,
+    read_manifest,
+    read_version,
+    version_path,
+)
+from ray_tfrecord._src.data.write.commit.stores import create_if_absent
+from ray_tfrecord._src.data.write.dataset_files import listed_entries, parallel, remove_empty_dirs
+
+logger = logging.getLogger(__name__)
+
+# Tries for the next version; each lost try means another write committed, so only a writer outrun this many
+# times in a row gives up. The wait between tries grows to _MAX_WAIT_S, jittered so that losers spread out.
+_ATTEMPTS = 200
+_MAX_WAIT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one write commits."""
+
+    mode: str
+    write_id: str
+    added: Sequence[Entry]
+    # What it replaces in the latest version: None, every file; else the files under these partition
+    # directories ("" for files at the root); () for an append.
+    replaces: tuple[str, ...] | None
+    must_be_first: bool = False  # mode="error"/"ignore": there must be no dataset when it commits
+
+
+@dataclass(frozen=True)
+class Committed:
+    version: Manifest
+    retries: int  # tries lost to other writers
+
+
+def commit(fs: pafs.FileSystem, store: pafs.FileSystem, root: str, change: Change) -> Committed:
+    """Commit ``change`` as the next version of the dataset at ``root``. ``fs`` reads (possibly Ray's
+    retrying wrapper), ``store`` is what it wraps (its type picks the precondition). Raises ``ConflictError``
+    when ``change.must_be_first`` and another write committed a dataset first."""
+    for attempt in range(_ATTEMPTS):
+        latest = read_manifest(fs, root)
+        if latest is None:  # the first version: the files written before the log (none for a new dataset)
+            latest = Manifest(listed_entries(fs, root))
+        ours = {e.rel_path for e in change.added}  # renamed into place already, before the first version
+        if change.must_be_first and any(e.rel_path not in ours for e in latest.entries):
+            raise ConflictError(
+                f"another write created this dataset while this {change.mode!r} write ran: "
+                f"{_described(latest)}; nothing of this write is visible. Write again with mode='append' or "
+                "mode='overwrite' to write there anyway", path=root, other=latest.commit)
+        version = _rebased(change, latest)
+        if create_if_absent(store, version_path(root, version.version), version.to_bytes()):
+            if latest.commit is None and latest.entries:
+                # The dataset moved to the log: a manifest left beside it would be stale for readers of before.
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(posixpath.join(root, MANIFEST_FILE))
+            return Committed(version, attempt)
+        time.sleep(random.uniform(0, min(_MAX_WAIT_S, 0.01 * 2 ** min(attempt, 8))))
+    raise ConflictError(f"this write lost the race for the dataset's next version {_ATTEMPTS} times in a row to other "
+                        "writes; nothing of it is visible. Write again, or give fewer writes the same path at once",
+                        path=root)
+
+
+def _described(version: Manifest) -> str:
+    return version.commit.describe() if version.commit is not None else "files written there before"
+
+
+def _rebased(change: Change, latest: Manifest) -> Manifest:
+    ours = {e.rel_path for e in change.added}
+    removed = [e.rel_path for e in latest.entries if e.rel_path not in ours and _replaced(change.replaces, e.rel_path)]
+    gone = set(removed) | ours
+    kept = [e for e in latest.entries if e.rel_path not in gone]
+    info = CommitInfo(latest.version + 1, change.mode, time.time(), change.write_id, change.replaces, tuple(removed))
+    return Manifest(kept + list(change.added), info)
+
+
+def _replaced(replaces: tuple[str, ...] | None, rel_path: str) -> bool:
+    if replaces is None:
+        return True
+    return posixpath.dirname(rel_path) in replaces
+
+
+def partitions_of(rel_paths: Iterable[str]) -> tuple[str, ...]:
+    """The partition directories (below the root; "" for the root) that files at ``rel_paths`` are in."""
+    return tuple(sorted({posixpath.dirname(p) for p in rel_paths}))
+
+
+def expire(fs: pafs.FileSystem, root: str, keep: float, *, local: bool, now: float | None = None) -> list[str]:
+    """Delete the files that commits at least ``keep`` seconds old replaced (with their sidecars, and on a
+    filesystem with directories, ``local``, the partition directories left empty), then those versions of
+    the log, never the latest; returns the data files deleted. Only those versions are read (the listing's
+    times tell them apart), so a commit reads none or the few that expired since the last."""
+    now = time.time() if now is None else now
+    versions = list_versions(fs, root)
+    if not versions:
+        return []
+    infos = {e.path: e for e in fs.get_file_info(pafs.FileSelector(posixpath.join(root, LOG_DIR)))}
+    due = [v for v in versions if keep == 0 or _age(infos.get(version_path(root, v)), now) >= keep]
+    removed: set[str] = set()
+    for v in due:
+        with contextlib.suppress(FileNotFoundError):  # expired by another writer meanwhile
+            commit = read_version(fs, root, v).commit
+            if commit is not None:
+                removed.update(posixpath.join(root, p) for p in commit.removed)
+    if not due or not removed and due == versions[-1:]:
+        return []
+    latest = read_version(fs, root, versions[-1]).paths(root)
+    files = sorted(removed - latest)
+    # Sidecars exist where files are renamed into place; on an object store the version holds the index.
+    delete_quietly(fs, [*files, *(c for p in files if local for c in index_candidates(p))])
+    if local:
+        remove_empty_dirs(fs, root, {posixpath.dirname(p) for p in files})
+    delete_quietly(fs, [version_path(root, v) for v in due if v != versions[-1]])
+    return files
+
+
+def replaced_recently(fs: pafs.FileSystem, root: str, keep: float, now: float | None = None) -> set[str]:
+    """The files that commits within the last ``keep`` seconds replaced: readers may still be reading them."""
+    now = time.time() if now is None else now
+    versions = list_versions(fs, root)
+    infos = {e.path: e for e in fs.get_file_info(pafs.FileSelector(posixpath.join(root, LOG_DIR)))} if versions else {}
+    found: set[str] = set()
+    for v in versions:
+        if _age(infos.get(version_path(root, v)), now) <= keep:
+            with contextlib.suppress(FileNotFoundError):
+                commit = read_version(fs, root, v).commit
+                if commit is not None:
+                    found.update(posixpath.join(root, p) for p in commit.removed)
+    return found
+
+
+def _age(info: pafs.FileInfo | None, now: float) -> float:
+    if info is None or info.mtime is None:
+        return 0.0  # unknown: keep it
+    return now - info.mtime.timestamp()
+
+
+def delete_quietly(fs: pafs.FileSystem, paths: Sequence[str]) -> None:
+    """Delete ``paths`` in parallel; one already gone (another writer expired it, or it never existed) is fine."""
+    def delete(path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(path)
+
+    parallel(delete, paths)
