@@ -43,6 +43,7 @@ except ModuleNotFoundError as _error:
 if TYPE_CHECKING:
     from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
     from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
+    from ray_tfrecord._src.tf.feature_spec import feature_spec
     from ray_tfrecord._src.tf.feed import tf_dataset
     from ray_tfrecord._src.tf.inference import inference, predict
     from ray_tfrecord._src.tf.native_reader import tfrecord_dataset
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "tf_dataset": "ray_tfrecord._src.tf.feed",
     "tfrecord_dataset": "ray_tfrecord._src.tf.native_reader",
+    "feature_spec": "ray_tfrecord._src.tf.feature_spec",
     "ResumableFeed": "ray_tfrecord._src.tf.resume",
     "plan_splits": "ray_tfrecord._src.data.feed.splits",
     "SplitPlan": "ray_tfrecord._src.data.feed.splits",
@@ -83,7 +85,7 @@ _LAZY = {
 __all__ = [
     "MODEL_FILE", "ClusterFailedError", "KerasVersionError", "PSResult", "PSTrainer", "ReportCheckpoint",
     "ResumableFeed", "SplitPlan",
-    "TensorBoard", "inference", "plan_splits", "predict", "ps_checkpoint_dir", "ps_trainer", "restore",
+    "TensorBoard", "feature_spec", "inference", "plan_splits", "predict", "ps_checkpoint_dir", "ps_trainer", "restore",
     "tensorflow_trainer", "tf_dataset", "tfrecord_dataset",
 ]
 

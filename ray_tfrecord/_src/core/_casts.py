@@ -24,7 +24,7 @@ def cast(arr: pa.Array, field: pa.Field, chunk: RecordChunk) -> pa.Array:
     """``arr``, decoded from ``chunk``, as ``field``'s type (checked: no value changes)."""
     if arr.type == field.type:
         return arr
-    if isinstance(field.type, pa.ExtensionType):
+    if isinstance(field.type, pa.BaseExtensionType):
         storage = cast(arr, pa.field(field.name, field.type.storage_type), chunk)
         return pa.ExtensionArray.from_storage(field.type, storage)
     leaf = leaf_type(field.type)

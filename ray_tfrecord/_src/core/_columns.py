@@ -152,7 +152,7 @@ def encode_column(f: pa.Field, arr: pa.Array, spec: tuple[Kind, Shape, int], nar
 def natively_readable(t: pa.DataType) -> bool:
     """Whether the native encoder reads a column of type ``t`` as Arrow lays it out (its lists are
     what ``column_spec`` allows; the leaf decides)."""
-    return not isinstance(t, pa.ExtensionType) and any(leaf_type(t) == c for c in _READABLE_LEAVES)
+    return not isinstance(t, pa.BaseExtensionType) and any(leaf_type(t) == c for c in _READABLE_LEAVES)
 
 
 _READABLE_LEAVES = (pa.int64(), pa.float32(), pa.binary(), pa.large_binary(), pa.string(), pa.large_string(), pa.null())

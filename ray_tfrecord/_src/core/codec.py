@@ -40,7 +40,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from . import _native
+from . import _derived, _native
 from ._casts import cast, first_true
 from ._columns import Narrowing, encode_column, leaf_values, natively_readable, null_in_list
 from ._contract import DecodeSpec, EncodeColumn, EncodeSpec, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
@@ -102,7 +102,10 @@ class Decoder:
         self._native: _native.Decoder | None = None
         self._casts: list[int] = []
         self._exact = False
-        if len(schema) == 0 or self._rtype == RecordTypeCode.BYTE_ARRAY:
+        # A feature spec's defaults, ragged partitions and fixed steps: its source features decoded first.
+        self._derived = _derived.plan(schema) if self._rtype != RecordTypeCode.BYTE_ARRAY else None
+        self._inner = Decoder(self._derived.source, record_type) if self._derived is not None else None
+        if len(schema) == 0 or self._rtype == RecordTypeCode.BYTE_ARRAY or self._inner is not None:
             return
         specs = [column_spec(f, record_type) for f in schema]
         self._native = _native.Decoder(
@@ -120,11 +123,15 @@ class Decoder:
     @property
     def native_seconds(self) -> float:
         """Seconds all ``decode`` calls together spent in native code without the GIL."""
+        if self._inner is not None:
+            return self._inner.native_seconds
         return self._native.nogil_ns / 1e9 if self._native is not None else 0.0
 
     def decode(self, chunk: RecordChunk) -> pa.RecordBatch:
         """The records of ``chunk`` as a record batch with exactly the decoder's schema."""
         nrows = len(chunk)
+        if self._inner is not None and self._derived is not None:
+            return self._derived.apply(self._inner.decode(chunk), chunk)
         if self._native is None:
             if len(self.schema) == 0:
                 return pa.RecordBatch.from_struct_array(pa.array([{}] * nrows, type=pa.struct([])))

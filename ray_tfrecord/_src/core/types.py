@@ -55,7 +55,7 @@ def column_spec(field: pa.Field, record_type: str) -> tuple[Kind, Shape, int]:
 
     An extension type (such as Ray's fixed-shape tensor, a flattened list) is its storage type.
     """
-    t = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
+    t = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
     shape, n = Shape.SCALAR, 0
     if is_var_list(t) and is_var_list(t.value_type):
         if record_type != "SequenceExample":

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.codec import decode
 from ray_tfrecord._src.core.errors import TFRecordError
+from ray_tfrecord._src.core.feature_specs import SchemaLike, arrow_schema
 from ray_tfrecord._src.core.framing import iter_chunks, open_stream
 from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.data import compat
@@ -92,7 +93,7 @@ class SplitPlan:
 def plan_splits(
     paths: str | list[str],
     *,
-    schema: pa.Schema | None = None,
+    schema: SchemaLike | None = None,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     filesystem: pafs.FileSystem | None = None,
     compression: Compression = "auto",
@@ -100,8 +101,10 @@ def plan_splits(
 ) -> SplitPlan:
     """List ``paths`` (as ``read_tfrecords`` does) and cut every file into record-exact splits.
 
-    ``schema`` is the columns to decode; ``None`` takes the schema the writer recorded, and raises
-    ``ValueError`` if there is none.  Deterministic: the same files give the same splits.
+    ``schema`` is the columns to decode, in any dialect ``read_tfrecords`` takes (a ``pyarrow.Schema``,
+    a ``tf.io`` feature-spec dict, a TFMD ``Schema`` or a ``schema.pbtxt`` path); ``None`` takes the
+    schema the writer recorded, and raises ``ValueError`` if there is none.  Deterministic: the same
+    files give the same splits.
 
     Files without a current index sidecar are scanned in Ray tasks spread over the cluster (in
     threads here when Ray is not running) and, with ``keep_index`` (the default), what the scan found
@@ -113,6 +116,7 @@ def plan_splits(
     """
     if split_bytes <= 0:
         raise ValueError(f"split_bytes must be positive, got {split_bytes}")
+    schema = arrow_schema(schema)  # the plan's splits hold Example records
     listing = list_files(paths, filesystem=filesystem)
     fs = listing.filesystem
     if schema is None:

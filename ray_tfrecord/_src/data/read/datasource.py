@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
+from ray_tfrecord._src.core.feature_specs import SchemaLike, arrow_schema, ray_tf_schema
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.manifest import is_object_store
 from ray_tfrecord._src.core.public import public
@@ -98,7 +99,11 @@ class TFRecordDatasource(Datasource):
             filesystem ``pyarrow.fs`` supports (local, ``s3://``, ``gs://``, HDFS...).
         record_type: ``"Example"``, ``"SequenceExample"`` or ``"ByteArray"`` (one
             ``binary`` column named ``record`` holding each record's payload).
-        schema: Arrow schema of the record columns. When absent: the schema recorded by
+        schema: The record columns: a ``pyarrow.Schema``, or a TensorFlow one, translated as the table
+            in [Types and schemas](../types.md#tensorflow-feature-specs-and-tfmd-schemas) says: a dict of
+            ``tf.io`` feature specs (defaults, ragged partitions included), the ``(context_features,
+            sequence_features)`` pair for SequenceExample, a TFMD ``Schema`` or a ``schema.pbtxt`` path.
+            When absent: the schema recorded by
             the ``write_tfrecords`` that wrote the directory (exact types: strings stay
             strings), else inferred (see ``infer_sample_records``). Partition and ``path``
             columns are added to it. A given schema is checked against the first chunk
@@ -152,7 +157,7 @@ class TFRecordDatasource(Datasource):
         paths: str | os.PathLike | list[str | os.PathLike],
         *,
         record_type: RecordType = "Example",
-        schema: pa.Schema | None = None,
+        schema: SchemaLike | None = None,
         columns: list[str] | None = None,
         compression: Compression = "auto",
         verify_crc: bool = True,
@@ -170,6 +175,7 @@ class TFRecordDatasource(Datasource):
         super().__init__()
         resolved = _fspaths(paths)
         self._record_type = options.record_type(record_type)
+        schema = arrow_schema(schema, self._record_type)
         self._compression = options.compression(compression, allow_auto=True)
         self._on_corrupt = options.on_corrupt(on_corrupt)
         check_shuffle(shuffle)
@@ -382,7 +388,8 @@ def read_tfrecords(
     paths: str | os.PathLike | list[str | os.PathLike],
     *,
     record_type: RecordType = "Example",
-    schema: pa.Schema | None = None,
+    schema: SchemaLike | None = None,
+    tf_schema: Any = None,
     columns: list[str] | None = None,
     compression: Compression = "auto",
     verify_crc: bool = True,
@@ -418,12 +425,20 @@ def read_tfrecords(
     [`TFRecordDatasource`][ray_tfrecord.TFRecordDatasource] yourself and call its
     [`corruption_report`][ray_tfrecord.TFRecordDatasource.corruption_report] after executing the dataset.
 
+    ``tf_schema`` is Ray's: a TFMD ``Schema`` whose every feature reads as a list of its type
+    (``schema=`` with the same proto reads a feature with a ``shape`` as a dense column instead), so a
+    call written for ``ray.data.read_tfrecords`` runs unchanged; give ``schema`` or ``tf_schema``, not both.
+
     Example:
         >>> import ray_tfrecord
         >>> ds = ray_tfrecord.read_tfrecords(  # doctest: +SKIP
         ...     "/data/train", columns=["label", "image"], on_corrupt="skip")
     """
     task_options = options.ray_task_options("read_tfrecords", task_options)  # a misspelt keyword fails first
+    if tf_schema is not None:
+        if schema is not None:
+            raise ValueError("pass schema= or tf_schema= (Ray's TFMD Schema), not both")
+        schema = ray_tf_schema(tf_schema)
     datasource = TFRecordDatasource(
         paths,
         record_type=record_type,
