@@ -1,0 +1,216 @@
+"""Many writers, one dataset (issue 50): processes that run the commit protocol at the same instant (a barrier
+releases them together), on local disk, S3 (moto) and GCS (fake-gcs-server), repeated. Every append's files
+are in the dataset exactly once; an overwrite racing an append ends as one order of the two would; two
+partition backfills of different days both land; a reader polling the dataset while overwrites commit
+never sees an error or a mix; a read planned before an overwrite whose files then expired is told which
+commit replaced them; a ``mode="error"`` write that loses to another gets a ``ConflictError`` naming it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import posixpath
+import time
+
+import pyarrow.fs as pafs
+import pytest
+
+from ray_tfrecord import ConflictError, TFRecordError
+from ray_tfrecord._src.core.manifest import explain_missing, read_manifest
+from ray_tfrecord._src.data.write.commit import Commit, StagedFile
+from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+BUCKET = "race"
+_SPAWN = multiprocessing.get_context("spawn")  # a fresh interpreter each: no pyarrow state forked
+_SERVERS = {"s3": (moto_s3, s3_filesystem), "gcs": (fake_gcs, gcs_filesystem)}
+
+
+@pytest.fixture(scope="module", params=["local", "s3", "gcs"])
+def store(request, tmp_path_factory):
+    if request.param == "local":
+        yield ("local", str(tmp_path_factory.mktemp("race")))
+        return
+    start, _ = _SERVERS[request.param]
+    with start(BUCKET) as endpoint:
+        yield (request.param, endpoint)
+
+
+def _fs(store) -> pafs.FileSystem:
+    kind, where = store
+    return pafs.LocalFileSystem() if kind == "local" else _SERVERS[kind][1](where)
+
+
+def _root(store, name: str) -> str:
+    kind, where = store
+    return os.path.join(where, name) if kind == "local" else f"{BUCKET}/{name}"
+
+
+def _write(store, name: str, mode: str, files: list[str], barrier=None, **options) -> dict:
+    """One writer: a commit of ``files`` (relative paths, one record each), released by ``barrier`` to commit."""
+    fs = _fs(store)
+    root = _root(store, name)
+    commit = Commit(fs, root, mode, **options)
+    if commit.apply_mode():
+        return {"skipped": True}
+    commit.start()
+    staged = []
+    for rel in files:
+        rel = rel.format(id=commit.write_id)
+        path = posixpath.join(commit.write_dir, rel)
+        if not commit.object_store:
+            fs.create_dir(posixpath.dirname(path), recursive=True)
+        with fs.open_output_stream(path, compression=None) as out:
+            out.write(b"x")
+        staged.append(StagedFile(rel, rows=1, size=1, has_index=False, in_place=commit.direct))
+    if barrier is not None:
+        barrier.wait(timeout=60)
+    try:
+        result = commit.finish(staged, [])
+    except ConflictError as e:
+        return {"conflict": str(e), "other": None if e.other is None else e.other.version,
+                "files": [f.rel_path for f in staged], "lost": True}
+    return {"files": [f.rel_path for f in staged], "version": result.version, "retries": result.retries}
+
+
+def _race(store, name: str, writers: list[tuple[str, list[str], dict]]) -> list[dict]:
+    """Run the writers in processes of their own, all committing at once; their results, in order."""
+    with _SPAWN.Manager() as manager, _SPAWN.Pool(len(writers)) as pool:
+        barrier = manager.Barrier(len(writers))
+        pending = [pool.apply_async(_write, (store, name, mode, files, barrier), options)
+                   for mode, files, options in writers]
+        return [p.get(timeout=120) for p in pending]
+
+
+def _listed(store, name: str) -> list[str]:
+    version = read_manifest(_fs(store), _root(store, name))
+    assert version is not None
+    return sorted(e.rel_path for e in version.entries)
+
+
+@pytest.mark.parametrize("writers", [2, 4])
+def test_concurrent_appends_keep_every_file_exactly_once(store, writers):
+    for run in range(3):
+        name = f"appends-{writers}-{run}"
+        _write(store, name, "error", ["base/part-{id}-0.tfrecord"])
+        results = _race(store, name, [("append", [f"w{w}/part-{{id}}-{k}.tfrecord" for k in range(3)], {})
+                                      for w in range(writers)])
+        expected = sorted([*_listed_base(store, name), *(f for r in results for f in r["files"])])
+        assert _listed(store, name) == expected
+        assert len(expected) == 1 + 3 * writers
+        # Each commit took its own version: the base's two (first and its files), then one per writer.
+        assert sorted(r["version"] for r in results) == list(range(3, 3 + writers))
+        if writers > 1:
+            assert sum(r["retries"] for r in results) >= 1  # they raced: someone lost a try and rebased
+
+
+def _listed_base(store, name: str) -> list[str]:
+    return [p for p in _listed(store, name) if p.startswith("base/")]
+
+
+def test_append_racing_overwrite_ends_in_a_serial_order(store):
+    outcomes = set()
+    for run in range(4):
+        name = f"mixed-{run}"
+        _write(store, name, "error", ["part-{id}-base.tfrecord"])
+        appended, replaced = _race(store, name, [("append", ["a/part-{id}-0.tfrecord"], {}),
+                                                 ("overwrite", ["o/part-{id}-0.tfrecord"], {})])
+        listed = _listed(store, name)
+        if appended["version"] > replaced["version"]:  # the overwrite, then the append
+            assert listed == sorted(replaced["files"] + appended["files"])
+        else:  # the append, then the overwrite, which replaced it with the rest
+            assert listed == replaced["files"]
+        outcomes.add(appended["version"] > replaced["version"])
+        fs = _fs(store)
+        for rel in listed:  # readable: every listed file is there
+            assert fs.get_file_info(posixpath.join(_root(store, name), rel)).type == pafs.FileType.File
+    assert outcomes  # at least one order was seen; both are serial
+
+
+def test_backfills_of_different_partitions_both_land_and_of_one_partition_are_serial(store):
+    name = "backfill"
+    _write(store, name, "error", [f"day={d}/part-{{id}}-0.tfrecord" for d in (1, 2, 3)])
+    before = _listed(store, name)
+    results = _race(store, name, [("overwrite", ["day=1/part-{id}-0.tfrecord"], {"partitions_only": True}),
+                                  ("overwrite", ["day=2/part-{id}-0.tfrecord"], {"partitions_only": True})])
+    listed = _listed(store, name)
+    assert listed == sorted([*results[0]["files"], *results[1]["files"], *(p for p in before if p.startswith("day=3/"))])
+    same = _race(store, name, [("overwrite", ["day=1/part-{id}-0.tfrecord"], {"partitions_only": True}),
+                               ("overwrite", ["day=1/part-{id}-1.tfrecord"], {"partitions_only": True})])
+    last = max(same, key=lambda r: r["version"])
+    assert _listed(store, name) == sorted([*last["files"], *(p for p in listed if not p.startswith("day=1/"))])
+
+
+def test_a_second_error_mode_write_gets_a_conflict_naming_the_first(store):
+    name = "created"
+    results = _race(store, name, [("error", ["part-{id}-0.tfrecord"], {}), ("error", ["part-{id}-1.tfrecord"], {})])
+    won = [r for r in results if "conflict" not in r]
+    lost = [r for r in results if "conflict" in r]
+    assert len(won) == 1 and len(lost) == 1, results
+    assert _listed(store, name) == won[0]["files"]  # nothing of the loser is listed
+    assert f"another write created this dataset while this 'error' write ran: version {won[0]['version']} " \
+           "(mode='error', committed" in lost[0]["conflict"]
+    assert "Write again with mode='append' or mode='overwrite'" in lost[0]["conflict"]
+    assert lost[0]["other"] == won[0]["version"]
+    fs = _fs(store)
+    for rel in lost[0]["files"]:  # the loser removed what it wrote
+        assert fs.get_file_info(posixpath.join(_root(store, name), rel)).type == pafs.FileType.NotFound
+
+
+def _poll(store, name: str, stop, counts) -> str | None:
+    """A reader: plan against the latest version and open every file it lists, until ``stop``."""
+    fs = _fs(store)
+    root = _root(store, name)
+    while not stop.is_set():
+        version = read_manifest(fs, root)
+        try:
+            for e in version.entries:
+                with explain_missing(fs, posixpath.join(root, e.rel_path)):
+                    fs.open_input_stream(posixpath.join(root, e.rel_path)).read()
+        except TFRecordError as error:
+            return str(error)
+        counts.append(len(version.entries))
+    return None
+
+
+def _until(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the readers made no progress"
+        time.sleep(0.01)
+
+
+def test_readers_polling_during_overwrites_see_one_version(store):
+    name = "polled"
+    _write(store, name, "error", [f"part-{{id}}-{k}.tfrecord" for k in range(4)])
+    with _SPAWN.Manager() as manager, _SPAWN.Pool(2) as pool:
+        stop, counts = manager.Event(), manager.list()
+        readers = [pool.apply_async(_poll, (store, name, stop, counts)) for _ in range(2)]
+        _until(lambda: len(counts) >= 2)  # the readers are polling
+        for n in range(6):  # overwrites of 4 or 2 files, kept the default hour
+            _write(store, name, "overwrite", [f"part-{{id}}-{k}.tfrecord" for k in range(4 if n % 2 else 2)])
+            polled = len(counts)
+            _until(lambda: len(counts) > polled)  # a poll at least between two commits
+        stop.set()
+        assert [r.get(timeout=60) for r in readers] == [None, None]
+        seen = list(counts)
+    assert seen and set(seen) <= {2, 4}, set(seen)  # never a mix of two versions
+
+
+def test_a_read_of_files_an_overwrite_replaced_and_expired_names_that_commit(store):
+    name = "expired"
+    fs = _fs(store)
+    root = _root(store, name)
+    _write(store, name, "error", ["part-{id}-old.tfrecord"])
+    planned = read_manifest(fs, root)
+    _write(store, name, "overwrite", ["part-{id}-new.tfrecord"], keep_replaced=0)
+    old = posixpath.join(root, planned.entries[0].rel_path)
+    with pytest.raises(TFRecordError) as caught:
+        with explain_missing(fs, old):
+            fs.open_input_stream(old).read()
+    message = str(caught.value)
+    assert message.startswith(f"{old}: this read was planned against an earlier version of the dataset; version 3 "
+                              "(mode='overwrite' of every partition, committed "), message
+    assert "replaced this file, and it was deleted once kept for that write's keep_replaced_files; read the " \
+           "dataset again, or give writes a longer keep_replaced_files than a read takes" in message
