@@ -26,7 +26,7 @@ from ray_tfrecord._src.cli import main as cli
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import is_index_path
-from ray_tfrecord._src.core.layout import MANIFEST_FILE
+from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import read_manifest
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import plan_splits
@@ -69,13 +69,14 @@ def _rows(ids) -> ray.data.Dataset:
     return ray.data.from_items([{"id": i, "part": i % 3, "word": f"w{i}"} for i in ids])
 
 
-def _committed_only(store: Store, name: str) -> None:
-    """The dataset holds what its manifest lists and its bookkeeping, nothing else: no sidecar, no staging."""
+def _committed_only(store: Store, name: str, *, replaced: frozenset[str] = frozenset()) -> None:
+    """The dataset holds what its latest version lists, the files an overwrite ``replaced`` (kept for reads planned
+    before it) and its bookkeeping, nothing else: no sidecar, no staging, no legacy manifest."""
     manifest = read_manifest(store.fs, store.path(name))
     assert manifest is not None
     listed = sorted(e.rel_path for e in manifest.entries)
-    assert store.keys(name) == sorted([*listed, MANIFEST_FILE, "_SUCCESS", "_tfrecord_schema.arrow"]), (
-        store.keys(name), listed)
+    keys = [k for k in store.keys(name) if not k.startswith(LOG_DIR + "/")]
+    assert keys == sorted([*listed, *replaced, "_SUCCESS", "_tfrecord_schema.arrow"]), (keys, listed)
 
 
 def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
@@ -100,9 +101,11 @@ def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
     plan = plan_splits(uri, filesystem=store.fs)
     assert sum(s.rows for s in plan.splits) == 80
 
+    before = frozenset(e.rel_path for e in read_manifest(store.fs, store.path("modes")).entries)
     write_tfrecords(_rows(range(80, 90)), uri, filesystem=store.fs, mode="overwrite", compression="gzip")
     assert store.ids("modes") == list(range(80, 90))
-    _committed_only(store, "modes")
+    _committed_only(store, "modes", replaced=before)  # kept keep_replaced_files (an hour), read by no one new
+    assert sorted(read_manifest(store.fs, store.path("modes")).commit.removed) == sorted(before)
     assert all(k.endswith(".tfrecord.gz") for k in store.keys("modes") if k.startswith("part-"))
 
 
@@ -121,11 +124,14 @@ def test_split_reads_use_the_manifest_index(ray_local, store, monkeypatch):
 
     [data] = [k for k in store.keys("big") if k.startswith("part-")]
     store.fs.delete_file(posixpath.join(store.path("big"), data))
-    with pytest.raises(TFRecordError, match=r"manifest lists this file, but it is gone \(1 of 1 listed files\)"):
+    with pytest.raises(TFRecordError, match=r"latest version lists this file \(1 of 1 listed files are gone\): the "
+                       "file is gone, and no commit still in the dataset's log removed it"):
         read_tfrecords(store.scheme + store.path("big"), filesystem=store.fs)
-    with store.fs.open_output_stream(posixpath.join(store.path("big"), MANIFEST_FILE)) as f:
+    [version] = [k for k in store.keys("big") if k.startswith(LOG_DIR + "/")]
+    with store.fs.open_output_stream(posixpath.join(store.path("big"), version)) as f:
         f.write(b'{"version": 9}')
-    with pytest.raises(TFRecordError, match="manifest is unreadable .version 9, this package reads 1.; upgrade"):
+    with pytest.raises(TFRecordError, match=r"list of committed files is unreadable \(format 9, this package reads "
+                       r"\(1, 2\)\); upgrade ray_tfrecord if a newer one wrote it, else restore this object"):
         read_tfrecords(store.scheme + store.path("big"), filesystem=store.fs)
 
 
@@ -271,7 +277,7 @@ def test_killed_overwrite_shows_old_or_new_and_clean_removes_the_rest(ray_local,
         remove(store.fs, left)
     assert orphans(store.fs, store.path(name)) == []
     assert store.ids(name) == expected
-    write_tfrecords(_rows(range(500, 520)), uri, filesystem=store.fs, mode="overwrite")
+    write_tfrecords(_rows(range(500, 520)), uri, filesystem=store.fs, mode="overwrite", keep_replaced_files=0)
     assert store.ids(name) == list(range(500, 520))
     _committed_only(store, name)
 
@@ -311,7 +317,8 @@ def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store
     write_tfrecords(_rows(range(-20, 0)), uri, filesystem=store.fs)
     marker = tmp_path / "halted"
     args = [str(tmp_path / "src"), uri, str(tmp_path / "checkpoint")]
-    options = {"mode": "overwrite", "max_rows_per_file": 300, "min_rows_per_file": 200, "num_cpus": 2}
+    options = {"mode": "overwrite", "max_rows_per_file": 300, "min_rows_per_file": 200, "num_cpus": 2,
+               "keep_replaced_files": 0}
     run_driver("tests.test_checkpoint_jobs", job.__name__, [*args, {**options, "fault": "published",
                                                                     "marker": str(marker)}],
                kill_when=marker.exists, what="published")
@@ -323,13 +330,12 @@ def test_checkpointed_job_killed_and_rerun_writes_every_id_once(ray_local, store
     _committed_only(store, name)
 
 
-def test_a_local_commit_drops_a_manifest_copied_from_an_object_store(ray_local, store, tmp_path):
-    """A dataset copied from a bucket to local disk brings its manifest; a local append commits by renames,
-    so the manifest goes, or it would hide the appended rows from our readers."""
+def test_a_dataset_copied_from_an_object_store_to_local_disk_takes_appends(ray_local, store, tmp_path):
+    """A dataset copied from a bucket to local disk brings its log; a local append commits the next version."""
     write_tfrecords(_rows(range(10)), store.scheme + store.path("copied"), filesystem=store.fs)
     (tmp_path / "copy").mkdir()
     pafs.copy_files(store.path("copied"), str(tmp_path / "copy"), source_filesystem=store.fs,
                     destination_filesystem=pafs.LocalFileSystem())
-    assert (tmp_path / "copy" / MANIFEST_FILE).exists()
+    assert (tmp_path / "copy" / LOG_DIR).is_dir()
     write_tfrecords(_rows(range(10, 15)), str(tmp_path / "copy"), mode="append")
     assert sorted(r["id"] for r in read_tfrecords(str(tmp_path / "copy")).take_all()) == list(range(15))

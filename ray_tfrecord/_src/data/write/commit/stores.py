@@ -93,8 +93,11 @@ def _s3(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
     from botocore.exceptions import ClientError
 
     bucket, key = path.split("/", 1)
+    s = _settings(fs)
+    client = _s3_client(s.get("endpoint_override") or "", s.get("scheme") or "https", s.get("region") or "",
+                        s.get("access_key") or "", s.get("secret_key") or "", s.get("session_token") or "")
     try:
-        _s3_client(**_settings(fs)).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
     except ClientError as e:
         # 412: the key exists. 409 ConditionalRequestConflict: another conditional PUT of the key is in flight;
         # the caller lists again and finds whichever won.
@@ -105,21 +108,19 @@ def _s3(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _s3_client(**settings: Any) -> Any:
+def _s3_client(endpoint: str, scheme: str, region: str, access_key: str, secret_key: str, token: str) -> Any:
     try:
         import boto3
     except ImportError:
         raise ImportError("committing to S3 needs boto3, for its conditional PUT: pip install "
                           "'ray_tfrecord[s3]'") from None
-    endpoint = settings.get("endpoint_override") or None
     if endpoint and "://" not in endpoint:
-        endpoint = f"{settings.get('scheme') or 'https'}://{endpoint}"
+        endpoint = f"{scheme}://{endpoint}"
     keys = {}
-    if settings.get("access_key"):
-        keys = {"aws_access_key_id": settings["access_key"], "aws_secret_access_key": settings["secret_key"],
-                "aws_session_token": settings.get("session_token") or None}
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=settings.get("region") or None,
-                                          **keys)
+    if access_key:  # else boto3's own chain (environment, profile, instance role), as pyarrow's
+        keys = {"aws_access_key_id": access_key, "aws_secret_access_key": secret_key,
+                "aws_session_token": token or None}
+    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, region_name=region or None, **keys)
 
 
 def _gcs(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
