@@ -287,8 +287,11 @@ class _Seen:
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
         self.manifests.update(posixpath.dirname(e.path) for e in entries
                               if e.is_file and posixpath.basename(e.path) == MANIFEST_FILE)
+        # The log's directory, or (a GCS listing shows no directories) a version in it.
         self.manifests.update(posixpath.dirname(e.path) for e in entries
                               if e.type == pafs.FileType.Directory and posixpath.basename(e.path) == LOG_DIR)
+        self.manifests.update(posixpath.dirname(posixpath.dirname(e.path)) for e in entries
+                              if e.is_file and posixpath.basename(posixpath.dirname(e.path)) == LOG_DIR)
         if recursive:
             self.given.add(directory.rstrip("/") or directory)
 
