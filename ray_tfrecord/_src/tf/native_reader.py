@@ -51,11 +51,10 @@ from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
 from ray_tfrecord._src.tf.tensors import ColumnPlan, column_plans
+from ray_tfrecord._src.tf.tf_filesystems import check_tf_opens, tf_scheme
 
 # TensorFlow's default read buffer (the op's -1), as TFRecordDataset's.
 _READ_BUFFER_BYTES = -1
-# pyarrow filesystem type -> the scheme TensorFlow's file systems know it by.
-_SCHEMES = {"s3": "s3://", "gcs": "gs://", "hdfs": "hdfs://"}
 _TF_COMPRESSION = {None: "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 
@@ -107,13 +106,8 @@ def _compression(fs: Any, plan: SplitPlan, path: str, *, compressed: bool) -> st
 
 
 def _tf_path(fs: Any, path: str) -> str:
-    fs = compat.unwrap_filesystem(fs)
-    if fs.type_name == "local":
-        return path
-    if fs.type_name in _SCHEMES:
-        return _SCHEMES[fs.type_name] + path
-    raise ValueError(f"{path}: TensorFlow cannot open files of a {fs.type_name!r} filesystem; copy the dataset to "
-                     f"local disk or {', '.join(_SCHEMES.values())}")
+    scheme = tf_scheme(fs)
+    return f"{scheme}://{path}" if scheme else path
 
 
 def _parse_dtype(dtype: tf.DType) -> tf.DType:
@@ -224,6 +218,9 @@ def tfrecord_dataset(
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     plan = source if isinstance(source, SplitPlan) else plan_splits(source if isinstance(source, str) else list(source))
+    if plan.splits:  # one filesystem holds every file of a plan
+        check_tf_opens("tfrecord_dataset", compat.unpickled_filesystem(plan.filesystem), plan.splits[0].path,
+                       tf.io.gfile.get_registered_schemes())
     index, count, rows_per_element = _shard(shard, batch_size)
     features = [feature_columns] if isinstance(feature_columns, str) else list(feature_columns)
     labels = [] if label_columns is None else [label_columns] if isinstance(label_columns, str) else list(label_columns)

@@ -48,7 +48,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_tfrecord._src.core.errors import StallError
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.data import progress
+from ray_tfrecord._src.data import compat, progress
+from ray_tfrecord._src.data.feed.splits import SplitPlan
+from ray_tfrecord._src.tf.tf_filesystems import check_tf_opens
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +151,10 @@ def ps_trainer(
     for keyword, value in (("num_workers", num_workers), ("num_ps", num_ps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"ps_trainer: {keyword}={value!r}; pass a whole number of at least 1")
+    for value in (train_loop_config or {}).values():
+        # The workers read their plans with tfrecord_dataset: a plan TensorFlow cannot open fails here.
+        if isinstance(value, SplitPlan) and value.splits:
+            check_tf_opens("ps_trainer", compat.unpickled_filesystem(value.filesystem), value.splits[0].path)
     if not ray.is_initialized():
         ray.init()
     progress.preflight("ps_trainer", [progress.Holder("workers and the chief", num_workers + 1, cpus_per_worker),
