@@ -12,7 +12,7 @@ import pytest
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
-from ray_tfrecord._src.core.layout import LOG_DIR, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
 from ray_tfrecord._src.core.manifest import read_manifest
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile
@@ -40,7 +40,7 @@ def _schema(**types: pa.DataType) -> pa.Schema:
 def _tree(root) -> list[str]:
     """Every file under ``root`` outside the staging directories and the log, relative, sorted."""
     files = (os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
-    return sorted(f for f in files if not f.startswith((f"{STAGING_DIR}/", f"{LOG_DIR}/")))
+    return sorted(f for f in files if not f.startswith((f"{STAGING_DIR}/", LOG_PREFIX)))
 
 
 def _write(path, mode: str, *names: str, schema: pa.Schema | None = None, keep_replaced: float = 0) -> Commit:
@@ -249,7 +249,7 @@ def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_
     rerun = _checkpointed(out, "append", started=False)
     assert rerun.apply_mode()  # nothing to write
     assert rerun.completed is not None and rerun.completed.num_rows == 0
-    assert sorted(os.listdir(out)) == sorted([LOG_DIR, SCHEMA_FILE, SUCCESS_MARKER,
+    assert sorted(n for n in os.listdir(out) if not n.startswith(LOG_PREFIX)) == sorted([SCHEMA_FILE, SUCCESS_MARKER,
                                               f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
                                               f"part-00000-{'a' * 32}-0.tfrecord"])
 

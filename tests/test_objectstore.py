@@ -26,7 +26,7 @@ from ray_tfrecord._src.cli import main as cli
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import is_index_path
-from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE
+from ray_tfrecord._src.core.layout import LOG_PREFIX
 from ray_tfrecord._src.core.manifest import read_manifest
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import plan_splits
@@ -75,7 +75,7 @@ def _committed_only(store: Store, name: str, *, replaced: frozenset[str] = froze
     manifest = read_manifest(store.fs, store.path(name))
     assert manifest is not None
     listed = sorted(e.rel_path for e in manifest.entries)
-    keys = [k for k in store.keys(name) if not k.startswith(LOG_DIR + "/")]
+    keys = [k for k in store.keys(name) if not k.startswith(LOG_PREFIX)]
     assert keys == sorted([*listed, *replaced, "_SUCCESS", "_tfrecord_schema.arrow"]), (keys, listed)
 
 
@@ -127,7 +127,7 @@ def test_split_reads_use_the_manifest_index(ray_local, store, monkeypatch):
     with pytest.raises(TFRecordError, match=r"latest version lists this file \(1 of 1 listed files are gone\): the "
                        "file is gone, and no commit still in the dataset's log removed it"):
         read_tfrecords(store.scheme + store.path("big"), filesystem=store.fs)
-    [version] = [k for k in store.keys("big") if k.startswith(LOG_DIR + "/")]
+    [version] = [k for k in store.keys("big") if k.startswith(LOG_PREFIX)][-1:]
     with store.fs.open_output_stream(posixpath.join(store.path("big"), version)) as f:
         f.write(b'{"version": 9}')
     with pytest.raises(TFRecordError, match=r"list of committed files is unreadable \(format 9, this package reads "
@@ -220,17 +220,18 @@ def killed_writer(kind: str, endpoint: str, name: str, point: str, marker: str) 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     fs = _SERVERS[kind][1](endpoint)
     if point == "commit":
-        from ray_tfrecord._src.data.write import commit
+        from ray_tfrecord._src.data.write.commit import log
 
-        real = commit.write_manifest
+        real = log.create_if_absent
 
-        def write_then_halt(*args, **kwargs):
-            real(*args, **kwargs)
-            if "name" not in kwargs:  # the dataset's manifest, not a task's record
+        def write_then_halt(fs, path, data):
+            created = real(fs, path, data)
+            if b'"mode":"overwrite"' in data:  # the overwrite's version, not start's first one
                 open(marker, "w").close()
                 time.sleep(600)
+            return created
 
-        commit.write_manifest = write_then_halt
+        log.create_if_absent = write_then_halt
 
     def slow(batch):
         time.sleep(0.3)
@@ -336,6 +337,6 @@ def test_a_dataset_copied_from_an_object_store_to_local_disk_takes_appends(ray_l
     (tmp_path / "copy").mkdir()
     pafs.copy_files(store.path("copied"), str(tmp_path / "copy"), source_filesystem=store.fs,
                     destination_filesystem=pafs.LocalFileSystem())
-    assert (tmp_path / "copy" / LOG_DIR).is_dir()
+    assert any(p.name.startswith(LOG_PREFIX) for p in (tmp_path / "copy").iterdir())
     write_tfrecords(_rows(range(10, 15)), str(tmp_path / "copy"), mode="append")
     assert sorted(r["id"] for r in read_tfrecords(str(tmp_path / "copy")).take_all()) == list(range(15))

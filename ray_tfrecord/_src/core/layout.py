@@ -29,10 +29,11 @@ LEGACY_INDEX_SUFFIX = ".idx"
 #: On object stores, the list of the dataset's committed files (with their indexes); writing it is the
 #: commit, and our readers read only the files it lists (``ray_tfrecord._src.core.manifest``).
 MANIFEST_FILE = "_tfrecord_manifest.json"
-#: The dataset's log: one file per committed version, ``<20-digit version>.json``, each created once (put if
-#: absent) and never replaced; the highest is the dataset. Replaces ``MANIFEST_FILE``, which is still read
-#: where there is no log (``ray_tfrecord._src.core.manifest``).
-LOG_DIR = "_tfrecord_log"
+#: The dataset's log: one file per committed version at the root, ``_tfrecord_log.<20-digit version>.json``,
+#: each created once (put if absent) and never replaced; the highest is the dataset. At the root, like the
+#: sidecars, so that TensorFlow's ``<dataset>/*/*`` globs of a partitioned dataset match data files only.
+#: Replaces ``MANIFEST_FILE``, still read where there is no log (``ray_tfrecord._src.core.manifest``).
+LOG_PREFIX = "_tfrecord_log."
 #: Hive's spelling of a null partition value (Spark writes it too).
 HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: A name that starts with one of these is hidden from readers.

@@ -1,6 +1,6 @@
 """The committed versions of a dataset: which files each holds, with their indexes, and which write made it.
 
-Every write commits a new version, ``<root>/_tfrecord_log/<version, 20 digits>.json`` (``LOG_DIR``), an
+Every write commits a new version, ``<root>/_tfrecord_log.<version, 20 digits>.json`` (``LOG_PREFIX``), an
 object created once by a put-if-absent and never replaced (``ray_tfrecord._src.data.write.commit`` says how
 writers race for the next number). A version lists every data file of the dataset at that version (its
 path below the root, size, rows and record index, which replaces the ``_index.*`` sidecar on object
@@ -32,14 +32,14 @@ import pyarrow.fs as pafs
 
 from .errors import TFRecordError
 from .index import dataset_root
-from .layout import LOG_DIR, MANIFEST_FILE
+from .layout import LOG_PREFIX, MANIFEST_FILE
 from .public import public
 
 # 1: the manifest before the log, and a checkpointed task's record of its files; 2: a version of the log.
 _READABLE = (1, 2)
 _FORMAT = 2
 _DIGITS = 20
-_VERSION_NAME = re.compile(rf"(\d{{{_DIGITS}}})\.json")
+_VERSION_NAME = re.compile(rf"{re.escape(LOG_PREFIX)}(\d{{{_DIGITS}}})\.json")
 # pyarrow's type names of the filesystems without directories or renames.
 _OBJECT_STORES = ("s3", "gcs")
 
@@ -148,14 +148,18 @@ class Manifest:
 
 
 def version_path(root: str, version: int) -> str:
-    return posixpath.join(root, LOG_DIR, f"{version:0{_DIGITS}d}.json")
+    return posixpath.join(root, f"{LOG_PREFIX}{version:0{_DIGITS}d}.json")
 
 
 def list_versions(fs: pafs.FileSystem, root: str) -> list[int]:
-    """The versions in the dataset's log, ascending (one listing per 1,000; none without a log)."""
-    entries = fs.get_file_info(pafs.FileSelector(posixpath.join(root, LOG_DIR), allow_not_found=True))
-    return sorted(int(m.group(1)) for e in entries if e.is_file
-                  and (m := _VERSION_NAME.fullmatch(posixpath.basename(e.path))))
+    """The versions in the dataset's log, ascending (one listing of the root; none without a log)."""
+    return sorted(versions_listed(fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))).values())
+
+
+def versions_listed(entries: list[pafs.FileInfo]) -> dict[str, int]:
+    """The log's versions among listed ``entries``, by path."""
+    return {e.path: int(m.group(1)) for e in entries if e.is_file
+            and (m := _VERSION_NAME.fullmatch(posixpath.basename(e.path)))}
 
 
 def read_version(fs: pafs.FileSystem, root: str, version: int) -> Manifest:

@@ -48,8 +48,8 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
-from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE, is_hidden
-from ray_tfrecord._src.core.manifest import missing_file_error, read_manifest
+from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
+from ray_tfrecord._src.core.manifest import missing_file_error, read_manifest, versions_listed
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.partitioning import PartitionValues, parse_partitions
 from ray_tfrecord._src.data.read import foreign
@@ -287,11 +287,7 @@ class _Seen:
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
         self.manifests.update(posixpath.dirname(e.path) for e in entries
                               if e.is_file and posixpath.basename(e.path) == MANIFEST_FILE)
-        # The log's directory, or (a GCS listing shows no directories) a version in it.
-        self.manifests.update(posixpath.dirname(e.path) for e in entries
-                              if e.type == pafs.FileType.Directory and posixpath.basename(e.path) == LOG_DIR)
-        self.manifests.update(posixpath.dirname(posixpath.dirname(e.path)) for e in entries
-                              if e.is_file and posixpath.basename(posixpath.dirname(e.path)) == LOG_DIR)
+        self.manifests.update(posixpath.dirname(p) for p in versions_listed(entries))
         if recursive:
             self.given.add(directory.rstrip("/") or directory)
 

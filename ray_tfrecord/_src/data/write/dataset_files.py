@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 from ray_tfrecord._src.core.index import index_candidates
 from ray_tfrecord._src.core.layout import (
     INDEX_PREFIX,
-    LOG_DIR,
+    LOG_PREFIX,
     MANIFEST_FILE,
     SCHEMA_FILE,
     STAGING_DIR,
@@ -64,7 +64,7 @@ def unlisted_files(fs: pafs.FileSystem, path: str, manifest: Manifest) -> list[s
     counted)."""
     listed = manifest.paths(path)
     keep = listed | {c for p in listed for c in index_candidates(p)}
-    hidden = (posixpath.join(path, STAGING_DIR) + "/", posixpath.join(path, LOG_DIR) + "/")
+    hidden = (posixpath.join(path, STAGING_DIR) + "/", posixpath.join(path, LOG_PREFIX))
     listing = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     return [e.path for e in listing if e.is_file and e.path not in keep and not e.path.startswith(hidden)
             and posixpath.relpath(e.path, path) not in _BOOKKEEPING]

@@ -1,7 +1,7 @@
 """Committing a version to the dataset's log (``ray_tfrecord._src.core.manifest``) against other writers,
 and expiring what replaced versions left.
 
-A write commits by creating ``_tfrecord_log/<n + 1>.json`` where ``n`` is the latest version, if absent
+A write commits by creating ``_tfrecord_log.<n + 1>.json`` where ``n`` is the latest version, if absent
 (``stores.create_if_absent``). A writer that loses the race for ``n + 1`` lists the log again and rebases
 its change on the version that won: an append adds its files to it; an overwrite removes the files of the
 latest version in the partitions it replaces (all, or those it wrote), so the outcome is that of the two
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from ray_tfrecord._src.core.index import index_candidates
-from ray_tfrecord._src.core.layout import LOG_DIR, MANIFEST_FILE
+from ray_tfrecord._src.core.layout import MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import (
     CommitInfo,
     ConflictError,
@@ -36,6 +36,7 @@ from ray_tfrecord._src.core.manifest import (
     read_manifest,
     read_version,
     version_path,
+    versions_listed,
 )
 from ray_tfrecord._src.data.write.commit.stores import create_if_absent
 from ray_tfrecord._src.data.write.dataset_files import listed_entries, parallel, remove_empty_dirs
@@ -127,7 +128,7 @@ def expire(fs: pafs.FileSystem, root: str, keep: float, *, local: bool, now: flo
     versions = list_versions(fs, root)
     if not versions:
         return []
-    infos = {e.path: e for e in fs.get_file_info(pafs.FileSelector(posixpath.join(root, LOG_DIR)))}
+    infos = _version_infos(fs, root)
     due = [v for v in versions if keep == 0 or _age(infos.get(version_path(root, v)), now) >= keep]
     removed: set[str] = set()
     for v in due:
@@ -151,7 +152,7 @@ def replaced_recently(fs: pafs.FileSystem, root: str, keep: float, now: float | 
     """The files that commits within the last ``keep`` seconds replaced: readers may still be reading them."""
     now = time.time() if now is None else now
     versions = list_versions(fs, root)
-    infos = {e.path: e for e in fs.get_file_info(pafs.FileSelector(posixpath.join(root, LOG_DIR)))} if versions else {}
+    infos = _version_infos(fs, root) if versions else {}
     found: set[str] = set()
     for v in versions:
         if _age(infos.get(version_path(root, v)), now) <= keep:
@@ -160,6 +161,12 @@ def replaced_recently(fs: pafs.FileSystem, root: str, keep: float, now: float | 
                 if commit is not None:
                     found.update(posixpath.join(root, p) for p in commit.removed)
     return found
+
+
+def _version_infos(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    listed = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    versions = versions_listed(listed)
+    return {e.path: e for e in listed if e.path in versions}
 
 
 def _age(info: pafs.FileInfo | None, now: float) -> float:

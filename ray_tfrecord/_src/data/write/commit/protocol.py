@@ -58,7 +58,7 @@ from ray_tfrecord._src.core import options
 from ray_tfrecord._src.core.errors import SchemaError, TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import (
-    LOG_DIR,
+    LOG_PREFIX,
     MANIFEST_FILE,
     SCHEMA_FILE,
     STAGING_DIR,
@@ -70,6 +70,7 @@ from ray_tfrecord._src.core.manifest import (
     Manifest,
     is_object_store,
     read_manifest,
+    version_path,
     write_manifest,
 )
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
@@ -146,7 +147,8 @@ def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
     if info.type != pafs.FileType.Directory:
         return False
     entries = filesystem.get_file_info(pafs.FileSelector(path))
-    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE, LOG_DIR) for e in entries)
+    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE)
+               and not posixpath.basename(e.path).startswith(LOG_PREFIX) for e in entries)
 
 
 class Commit:
@@ -399,7 +401,7 @@ class Commit:
                           if fnmatch.fnmatch(posixpath.basename(p), mine)])
         self._remove_staging()
         if self._created_root and self._only_our_first_version():
-            remove(self.filesystem, [posixpath.join(self.path, LOG_DIR)])
+            self.filesystem.delete_file(version_path(self.path, 1))
             if not self.object_store:
                 with contextlib.suppress(OSError):  # another write's files arrived meanwhile
                     os.rmdir(self.path) if self._local else self.filesystem.delete_dir(self.path)
