@@ -66,7 +66,7 @@ from ray_tfrecord._src.tf.train import KerasVersionError as home_error
 assert plan_splits is home and KerasVersionError is home_error
 assert sorted(rt.__all__) == sorted(["MODEL_FILE", "ClusterFailedError", "KerasVersionError", "PSResult", "PSTrainer",
                                      "ReportCheckpoint",
-                                     "ResumableFeed", "SplitPlan", "TensorBoard", "inference", "plan_splits", "predict",
+                                     "ResumableFeed", "SplitPlan", "TensorBoard", "feature_spec", "inference", "plan_splits", "predict",
                                      "ps_checkpoint_dir", "ps_trainer", "restore", "tensorflow_trainer", "tf_dataset",
                                      "tfrecord_dataset"])
 assert all(callable(getattr(rt, n)) for n in rt.__all__ if n != "MODEL_FILE") and rt.MODEL_FILE == "model.keras"
