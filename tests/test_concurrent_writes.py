@@ -101,8 +101,6 @@ def test_concurrent_appends_keep_every_file_exactly_once(store, writers):
         assert len(expected) == 1 + 3 * writers
         # Each commit took its own version: the base's two (first and its files), then one per writer.
         assert sorted(r["version"] for r in results) == list(range(3, 3 + writers))
-        if writers > 1:
-            assert sum(r["retries"] for r in results) >= 1  # they raced: someone lost a try and rebased
 
 
 def _listed_base(store, name: str) -> list[str]:
