@@ -35,6 +35,12 @@ class Status(IntEnum):
     MALFORMED_PACKED_FLOAT = _native.STATUS["MALFORMED_PACKED_FLOAT"]
     KIND_MISMATCH = _native.STATUS["KIND_MISMATCH"]
     COUNT_MISMATCH = _native.STATUS["COUNT_MISMATCH"]
+    TENSOR_MALFORMED = _native.STATUS["TENSOR_MALFORMED"]
+    TENSOR_DTYPE_MISMATCH = _native.STATUS["TENSOR_DTYPE_MISMATCH"]
+    TENSOR_SHAPE_MISMATCH = _native.STATUS["TENSOR_SHAPE_MISMATCH"]
+    TENSOR_CONTENT_SIZE = _native.STATUS["TENSOR_CONTENT_SIZE"]
+    TENSOR_TOO_MANY_VALUES = _native.STATUS["TENSOR_TOO_MANY_VALUES"]
+    TENSOR_VALUE_RANGE = _native.STATUS["TENSOR_VALUE_RANGE"]
     NULL_INNER_LIST = _native.STATUS["NULL_INNER_LIST"]
     NULL_LIST_ELEMENT = _native.STATUS["NULL_LIST_ELEMENT"]
     BYTES_TOO_LARGE = _native.STATUS["BYTES_TOO_LARGE"]
@@ -83,6 +89,24 @@ class Section(IntEnum):
     FEATURE_LISTS = _native.SECTIONS["FEATURE_LISTS"]
 
 
+class TFDtype(IntEnum):
+    """TensorFlow's ``DataType`` codes of the tensors a tensor column reads (numbers and bool)."""
+
+    FLOAT = _native.TF_DTYPES["FLOAT"]
+    DOUBLE = _native.TF_DTYPES["DOUBLE"]
+    INT32 = _native.TF_DTYPES["INT32"]
+    UINT8 = _native.TF_DTYPES["UINT8"]
+    INT16 = _native.TF_DTYPES["INT16"]
+    INT8 = _native.TF_DTYPES["INT8"]
+    INT64 = _native.TF_DTYPES["INT64"]
+    BOOL = _native.TF_DTYPES["BOOL"]
+    BFLOAT16 = _native.TF_DTYPES["BFLOAT16"]
+    UINT16 = _native.TF_DTYPES["UINT16"]
+    HALF = _native.TF_DTYPES["HALF"]
+    UINT32 = _native.TF_DTYPES["UINT32"]
+    UINT64 = _native.TF_DTYPES["UINT64"]
+
+
 class RecordTypeCode(IntEnum):
     """The native code of each record type."""
 
@@ -105,6 +129,11 @@ class DecodeSpec(NamedTuple):
     fixed_size: int
     section: Section
     nullable: bool
+    # A tensor column (kind BYTES, shape FIXED): each feature one serialized TensorProto of this dtype
+    # (0: not a tensor column) and shape, bfloat16 widened to float32 when tensor_widen.
+    tensor_dtype: int = 0
+    tensor_shape: tuple[int, ...] = ()
+    tensor_widen: bool = False
 
 
 class EncodeSpec(NamedTuple):

@@ -15,6 +15,8 @@ KINDS: Final[dict[str, int]]
 SHAPES: Final[dict[str, int]]
 SECTIONS: Final[dict[str, int]]
 RECORD_TYPES: Final[dict[str, int]]
+TF_DTYPES: Final[dict[str, int]]
+STATUS_MESSAGES: Final[dict[str, str]]
 # A record's frame: LENGTH_BYTES, HEADER_BYTES (length and its CRC), FOOTER_BYTES (the payload's CRC).
 FRAME: Final[dict[str, int]]
 
@@ -35,6 +37,7 @@ class CodecError(ValueError):
     actual: int
     expected: int
     other_record: int
+    index: int
 
 class FrameError(tuple[Any, ...]):
     status: int

@@ -40,7 +40,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from . import _derived, _native
+from . import _derived, _native, _tensors
 from ._casts import cast, first_true
 from ._columns import Narrowing, encode_column, leaf_values, natively_readable, null_in_list
 from ._contract import DecodeSpec, EncodeColumn, EncodeSpec, Kind, RecordTypeCode, Section, Shape, Status, is_malformed
@@ -100,32 +100,44 @@ class Decoder:
         self._rtype = record_type_code(record_type)
         self._types = {f.name: f.type for f in schema}
         self._native: _native.Decoder | None = None
-        self._casts: list[int] = []
-        self._exact = False
+        self._modes: dict[frozenset[int], _Mode] = {}
         # A feature spec's defaults, ragged partitions and fixed steps: its source features decoded first.
         self._derived = _derived.plan(schema) if self._rtype != RecordTypeCode.BYTE_ARRAY else None
         self._inner = Decoder(self._derived.source, record_type) if self._derived is not None else None
         if len(schema) == 0 or self._rtype == RecordTypeCode.BYTE_ARRAY or self._inner is not None:
             return
-        specs = [column_spec(f, record_type) for f in schema]
-        self._native = _native.Decoder(
-            [DecodeSpec(f.name.encode(), kind, shape, n,
-                        Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT, f.nullable)
-             for f, (kind, shape, n) in zip(schema, specs)], self._rtype)
-        native = pa.schema([pa.field(f.name, native_type(*spec), f.nullable) for f, spec in zip(schema, specs)])
-        self._casts = [i for i, f in enumerate(schema) if f.type != native.field(i).type]
+        self._tensors = _tensors.tensor_columns(schema)
+        self._index = {f.name.encode(): i for i, f in enumerate(schema)}
+        self._mode = self._mode_for(frozenset())
+        self._native = self._mode.native
+
+    def _mode_for(self, proto: frozenset[int]) -> _Mode:
+        """The native decoder that reads the tensor columns ``proto`` as serialized tensors, built once."""
+        if proto in self._modes:
+            return self._modes[proto]
+        schema = self.schema
+        specs = [column_spec(f, self.record_type) for f in schema]
+        decode_specs = [DecodeSpec(f.name.encode(), kind, shape, n,
+                                   Section.FEATURE_LISTS if shape == Shape.SEQUENCE else Section.CONTEXT, f.nullable)
+                        for f, (kind, shape, n) in zip(schema, specs)]
+        types = [native_type(*spec) for spec in specs]
+        for i in proto:
+            decode_specs[i], types[i] = _tensors.proto_spec(decode_specs[i], self._tensors[i])
+        native = pa.schema([pa.field(f.name, t, f.nullable) for f, t in zip(schema, types)])
+        casts = [i for i, f in enumerate(schema) if f.type != native.field(i).type]
         # The batch comes from native code ready to hand on (given the schema's own metadata) when
         # it has the schema's very fields: types, names (native names end at a NUL), nullability,
         # no field metadata; otherwise its columns are re-wrapped.
         fields = pa.schema(list(schema))
-        self._exact = native.equals(fields, check_metadata=True) and not any("\0" in f.name for f in schema)
+        exact = native.equals(fields, check_metadata=True) and not any("\0" in f.name for f in schema)
+        return self._modes.setdefault(proto, _Mode(proto, _native.Decoder(decode_specs, self._rtype), casts, exact))
 
     @property
     def native_seconds(self) -> float:
         """Seconds all ``decode`` calls together spent in native code without the GIL."""
         if self._inner is not None:
             return self._inner.native_seconds
-        return self._native.nogil_ns / 1e9 if self._native is not None else 0.0
+        return sum(m.native.nogil_ns for m in list(self._modes.values())) / 1e9
 
     def decode(self, chunk: RecordChunk) -> pa.RecordBatch:
         """The records of ``chunk`` as a record batch with exactly the decoder's schema."""
@@ -141,15 +153,24 @@ class Decoder:
                 raise _decode_error(e, chunk, self._types) from None
             arr = pa.Array.from_buffers(pa.binary(), nrows, [None, pa.py_buffer(raw.offsets), pa.py_buffer(raw.data)])
             return pa.RecordBatch.from_arrays([cast(arr, f, chunk) for f in self.schema], schema=self.schema)
-        try:
-            out = self._native.decode(chunk.buffer, chunk.positions, chunk.lengths)
-        except _native.CodecError as e:
-            raise _decode_error(e, chunk, self._types) from None
+        mode, tried = self._mode, {self._mode.proto}
+        while True:
+            try:
+                out = mode.native.decode(chunk.buffer, chunk.positions, chunk.lengths)
+                break
+            except _native.CodecError as e:
+                # A tensor column's feature is serialized tensors where lists were read, or the reverse:
+                # the chunk is decoded again the other way (once per way), which later chunks then take.
+                proto = _tensors.flip(e, self._index, self._tensors, mode.proto)
+                if proto is None or proto in tried:
+                    raise _decode_error(e, chunk, self._types) from None
+                tried.add(proto)
+                mode = self._mode = self._mode_for(proto)
         batch = pa.record_batch(out)
-        if self._exact and out.null_column < 0:
+        if mode.exact and out.null_column < 0:
             return batch if self.schema.metadata is None else batch.replace_schema_metadata(self.schema.metadata)
         arrays = batch.columns
-        for i in self._casts:
+        for i in mode.casts:
             arrays[i] = cast(arrays[i], self.schema.field(i), chunk)
         if out.null_column >= 0:
             # A missing feature decodes as null; a not-null field must not hand one on (Parquet and
@@ -162,13 +183,24 @@ class Decoder:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
+class _Mode(NamedTuple):
+    """A native decoder of a schema, reading its tensor columns ``proto`` as serialized tensors."""
+
+    proto: frozenset[int]
+    native: _native.Decoder
+    casts: list[int]
+    exact: bool
+
+
 def _decode_error(e: _native.CodecError, chunk: RecordChunk, specs: dict[str, pa.DataType]) -> TFRecordError:
     name = e.column.decode("utf-8", "replace") if e.column is not None else None
     offset = chunk.offset(e.record) if e.record >= 0 else None
     stream = " in the decompressed stream" if chunk.compressed else ""
     status, actual, expected = Status(e.status), e.actual, e.expected
     spec = specs.get(name) if name is not None else None
-    if is_malformed(status):
+    if status.name.startswith("TENSOR_"):
+        msg = _tensors.message(e, spec, stream)
+    elif is_malformed(status):
         msg = f"malformed record{stream}: {e} (at byte {e.offset} of the record)"
     elif status == Status.KIND_MISMATCH:
         msg = f"feature is {KIND_NAMES[Kind(actual)]} but the schema says {KIND_NAMES[Kind(expected)]} ({spec or '?'})"

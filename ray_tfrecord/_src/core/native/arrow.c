@@ -57,18 +57,18 @@ static void array_take(struct ArrowArray *a, int i, Buf *b) {
 /* The leaf values of column c: nvals of its kind, no validity. */
 static int leaf_export(Col *c, struct ArrowArray *a) {
     if (c->kind == K_NULL) return array_node(a, c->nvals, c->nvals, 0, 0);
-    if (array_node(a, c->nvals, 0, c->kind == K_BYTES ? 3 : 2, 0)) return -1;
+    if (array_node(a, c->nvals, 0, col_bytes(c) ? 3 : 2, 0)) return -1;
     array_take(a, 1, &c->vals);
-    if (c->kind == K_BYTES) array_take(a, 2, &c->data);
+    if (col_bytes(c)) array_take(a, 2, &c->data);
     return 0;
 }
 
 static int column_export(Col *c, int64_t nrows, struct ArrowArray *a) {
-    int scalar = c->shape == S_SCALAR, nbufs = scalar ? (c->kind == K_BYTES ? 3 : 2) : c->shape == S_FIXED ? 1 : 2;
+    int scalar = c->shape == S_SCALAR, nbufs = scalar ? (col_bytes(c) ? 3 : 2) : c->shape == S_FIXED ? 1 : 2;
     if (scalar) {
         if (array_node(a, nrows, c->nulls, nbufs, 0)) return -1;
         array_take(a, 1, &c->vals);
-        if (c->kind == K_BYTES) array_take(a, 2, &c->data);
+        if (col_bytes(c)) array_take(a, 2, &c->data);
     } else {
         if (array_node(a, nrows, c->nulls, nbufs, 1)) return -1;
         if (c->shape != S_FIXED) array_take(a, 1, &c->rowoff);
@@ -139,14 +139,15 @@ static int schema_node(struct ArrowSchema *s, const char *format, const uint8_t 
     return 0;
 }
 
-static const char *leaf_format(int kind) {
-    return kind == K_INT64 ? "l" : kind == K_FLOAT ? "f" : kind == K_BYTES ? "z" : "n";
+static const char *leaf_format(const Col *c) {
+    if (c->tensor.dtype) return c->tensor.widen ? "f" : rt_tensor_dtype_of(c->tensor.dtype)->format;
+    return c->kind == K_INT64 ? "l" : c->kind == K_FLOAT ? "f" : c->kind == K_BYTES ? "z" : "n";
 }
 
 static int column_schema(const Col *c, const rt_key *k, int nullable, struct ArrowSchema *s) {
     const uint8_t *item = (const uint8_t *)"item";
     int64_t flags = nullable ? ARROW_FLAG_NULLABLE : 0;
-    if (c->shape == S_SCALAR) return schema_node(s, leaf_format(c->kind), k->name, k->len, flags, 0);
+    if (c->shape == S_SCALAR) return schema_node(s, leaf_format(c), k->name, k->len, flags, 0);
     char format[32];
     if (c->shape == S_FIXED) snprintf(format, sizeof(format), "+w:%lld", (long long)c->fixed_n);
     else snprintf(format, sizeof(format), "+l");
@@ -156,7 +157,7 @@ static int column_schema(const Col *c, const rt_key *k, int nullable, struct Arr
         if (schema_node(leaf, "+l", item, 4, ARROW_FLAG_NULLABLE, 1)) return -1;
         leaf = leaf->children[0];
     }
-    return schema_node(leaf, leaf_format(c->kind), item, 4, ARROW_FLAG_NULLABLE, 0);
+    return schema_node(leaf, leaf_format(c), item, 4, ARROW_FLAG_NULLABLE, 0);
 }
 
 RT_API rt_status rt_arrow_schema(const Cols *cs, const uint8_t *not_null, struct ArrowSchema *out) {

@@ -55,6 +55,13 @@
     /* a feature that does not fit its column */                                                    \
     X(KIND_MISMATCH, "feature kind differs from the column's kind")                                 \
     X(COUNT_MISMATCH, "feature holds the wrong number of values for its column")                    \
+    /* a serialized tensor (tf.io.serialize_tensor's TensorProto) in a tensor column (tensor.h) */  \
+    X(TENSOR_MALFORMED, "bytes_list value is not a well-formed serialized tensor (TensorProto)")    \
+    X(TENSOR_DTYPE_MISMATCH, "serialized tensor's dtype differs from the column's")                 \
+    X(TENSOR_SHAPE_MISMATCH, "serialized tensor's shape differs from the column's")                 \
+    X(TENSOR_CONTENT_SIZE, "serialized tensor's tensor_content is not its shape's size")            \
+    X(TENSOR_TOO_MANY_VALUES, "serialized tensor lists more values than its shape holds")           \
+    X(TENSOR_VALUE_RANGE, "serialized tensor value outside its dtype's range")                      \
     /* a value the encoder cannot write */                                                          \
     X(NULL_INNER_LIST, "null inner list")                                                           \
     X(NULL_LIST_ELEMENT, "null list element")                                                       \
@@ -104,6 +111,14 @@ static inline const char *rt_status_message(rt_status s) {
 /* A column's shape: scalar, list, fixed-size list, or a SequenceExample feature_list. */
 #define RT_SHAPE_LIST(X) X(S, SCALAR, 0) X(S, LIST, 1) X(S, FIXED, 2) X(S, SEQUENCE, 3)
 #define RT_RECORD_TYPE_LIST(X) X(R, EXAMPLE, 0) X(R, SEQUENCE_EXAMPLE, 1) X(R, BYTE_ARRAY, 2)
+/* TensorFlow's DataType codes (tensorflow/core/framework/types.proto) of the tensors a tensor
+ * column reads: numbers and bool, the dtypes tf.io.serialize_tensor writes as tensor_content. */
+#define RT_TF_DTYPE_LIST(X)                                                                         \
+    X(DT, FLOAT, 1) X(DT, DOUBLE, 2) X(DT, INT32, 3) X(DT, UINT8, 4) X(DT, INT16, 5) X(DT, INT8, 6)     \
+    X(DT, INT64, 9) X(DT, BOOL, 10) X(DT, BFLOAT16, 14) X(DT, UINT16, 17) X(DT, HALF, 19)             \
+    X(DT, UINT32, 22) X(DT, UINT64, 23)
+/* The most dimensions a tensor column's shape may have (TensorFlow's own limit is 254). */
+#define RT_TENSOR_MAX_RANK 32
 /* The map of a record a feature lives in. */
 #define RT_SECTION_LIST(X) X(SECTION, CONTEXT, 0) X(SECTION, FEATURE_LISTS, 1)
 
@@ -116,6 +131,7 @@ enum { RT_KIND_LIST(RT_CONST_ENUM) };
 enum { RT_SHAPE_LIST(RT_CONST_ENUM) };
 enum { RT_RECORD_TYPE_LIST(RT_CONST_ENUM) };
 enum { RT_SECTION_LIST(RT_CONST_ENUM) };
+enum { RT_TF_DTYPE_LIST(RT_CONST_ENUM) };
 enum { RT_FRAME_LIST(RT_CONST_ENUM) };
 /* What a frame adds to its payload. */
 #define RT_FRAME_OVERHEAD (RT_HEADER_BYTES + RT_FOOTER_BYTES)
@@ -133,13 +149,18 @@ typedef struct {
     int64_t record;       /* record index within the call, -1 if none */
     int col;              /* column index, -1 if none */
     int64_t offset;       /* byte offset within the record, -1 if none */
-    int64_t actual;       /* KIND_MISMATCH: the feature's kind; COUNT_MISMATCH: its value count */
-    int64_t expected;     /* KIND_MISMATCH: the column's kind; COUNT_MISMATCH: the count it needs */
+    int64_t actual;       /* KIND_MISMATCH: the feature's kind; COUNT_MISMATCH: its value count; the
+                           * TENSOR_* statuses: the tensor's (MALFORMED: the wire status inside it;
+                           * DTYPE: its dtype; SHAPE: its rank, or the size of dimension `index`;
+                           * CONTENT_SIZE: its bytes; TOO_MANY_VALUES: its values; VALUE_RANGE: the value) */
+    int64_t expected;     /* KIND_MISMATCH: the column's kind; COUNT_MISMATCH: the count it needs; the
+                           * TENSOR_* statuses: the column's (dtype, rank or dimension, bytes, values) */
     int64_t other_record; /* inspect's KIND_MISMATCH: the record where the column got its kind */
+    int64_t index;        /* TENSOR_SHAPE_MISMATCH: the dimension that differs, -1 for the rank */
 } rt_error;
 
 /* An rt_error before anything failed: no status, no place. */
-#define RT_ERROR_INIT {.status = RT_OK, .record = -1, .col = -1, .offset = -1, .other_record = -1}
+#define RT_ERROR_INIT {.status = RT_OK, .record = -1, .col = -1, .offset = -1, .other_record = -1, .index = -1}
 
 /* The records a call reads: count records whose headers start at pos[] in buf[0, n), with payload
  * lengths lens[], as the scan found them. The caller's word is not trusted: each span is checked

@@ -13,7 +13,7 @@ RT_API rt_status rt_decode_init(Cols *cs, int ncols) {
 static rt_status col_begin(Col *c) {
     c->seen = -1;
     int32_t zero = 0;
-    Buf *starts[] = {c->kind == K_BYTES ? &c->vals : NULL,
+    Buf *starts[] = {col_bytes(c) ? &c->vals : NULL,
                      c->shape == S_LIST || c->shape == S_SEQUENCE ? &c->rowoff : NULL,
                      c->shape == S_SEQUENCE ? &c->inner : NULL};
     for (int i = 0; i < 3; i++) {
@@ -41,6 +41,26 @@ RT_API rt_status rt_decode_add_column(Cols *cs, const uint8_t *name, size_t name
     return col_begin(c);
 }
 
+RT_API rt_status rt_decode_set_tensor(Cols *cs, int ci, int dtype, int rank, const int64_t *dims, int widen) {
+    const rt_tensor_dtype *d = rt_tensor_dtype_of(dtype);
+    if (ci < 0 || ci >= cs->ncols || !d || rank < 0 || rank > RT_TENSOR_MAX_RANK || (widen && dtype != DT_BFLOAT16))
+        return RT_BAD_SPEC;
+    Col *c = &cs->cols[ci];
+    if (c->kind != K_BYTES || c->shape != S_FIXED || c->section != SECTION_CONTEXT) return RT_BAD_SPEC;
+    rt_tensor t = {.dtype = dtype, .esize = widen ? 4 : d->esize, .rank = rank, .widen = widen};
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0 || (dims[i] && n > INT32_MAX / dims[i])) return RT_BAD_SPEC;
+        n *= dims[i];
+        t.dims[i] = dims[i];
+    }
+    if (n != c->fixed_n) return RT_BAD_SPEC;
+    /* The column was begun as bytes (a leading offset); a tensor column's values start empty. */
+    c->vals.len = 0;
+    c->tensor = t;
+    return RT_OK;
+}
+
 RT_API rt_status rt_decode_start(Cols *cs, const Cols *tmpl) {
     rt_status st = rt_decode_init(cs, tmpl->ncols);
     if (st != RT_OK) return st;
@@ -54,6 +74,7 @@ RT_API rt_status rt_decode_start(Cols *cs, const Cols *tmpl) {
         c->shape = t->shape;
         c->fixed_n = t->fixed_n;
         c->section = t->section;
+        c->tensor = t->tensor;
         if ((st = col_begin(c)) != RT_OK) return st;
     }
     return RT_OK;
@@ -78,7 +99,7 @@ static void col_rollback(Col *c) {
     c->nvals = c->row_vals;
     c->ninner = c->row_inner;
     c->data.len = (size_t)c->row_data;
-    c->vals.len = c->kind == K_BYTES ? (size_t)(c->row_vals + 1) * 4 : (size_t)c->row_vals * elem_size(c->kind);
+    c->vals.len = col_bytes(c) ? (size_t)(c->row_vals + 1) * 4 : (size_t)c->row_vals * col_esize(c);
     if (c->shape == S_SEQUENCE) c->inner.len = (size_t)(c->row_inner + 1) * 4;
 }
 
@@ -95,8 +116,57 @@ static inline int decode_column(void *self, Ctx *c, const MapEntry *e, int entry
     return 0;
 }
 
+/* The only value of a bytes Feature's lists: *n counts them, [*vs, *ve) is the last. */
+static int bytes_value(Ctx *c, const Feature *ft, const uint8_t *end, int ci, const uint8_t **vs, const uint8_t **ve,
+                       int64_t *n) {
+    const uint8_t *q = ft->only ? ft->only : ft->run, *qe = ft->only ? ft->only_end : end;
+    while (q < qe) {
+        const uint8_t *ls = q, *le = qe, *s, *e;
+        uint32_t f;
+        int wt;
+        if (!ft->only) {
+            rd_field(c, &q, qe, &f, &wt, &ls, &le, ci); /* validated by feature_kind */
+            if (wt != WT_LEN || f != F_BYTES_LIST) continue;
+        } else {
+            q = qe;
+        }
+        while (ls < le) {
+            if (rd_field(c, &ls, le, &f, &wt, &s, &e, ci)) return -1;
+            if (f != F_LIST_VALUE || wt != WT_LEN) continue;
+            *vs = s;
+            *ve = e;
+            (*n)++;
+        }
+    }
+    return 0;
+}
+
+/* A tensor column's Feature: one bytes value, a TensorProto read into the row's values. An empty
+ * bytes_list is a missing tensor (null), as Ray's write_tfrecords writes one. */
+static int decode_tensor(Col *col, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *vs = NULL, *ve = NULL;
+    int64_t n = 0;
+    if (bytes_value(c, ft, end, ci, &vs, &ve, &n)) return -1;
+    if (n == 0) {
+        col->seen = -2; /* no record's index: the row is closed as null */
+        return 0;
+    }
+    if (n != 1) {
+        c->err->actual = n;
+        c->err->expected = 1;
+        return fail_at(c, RT_COUNT_MISMATCH, p, ci);
+    }
+    size_t bytes = (size_t)col->fixed_n * (size_t)col->tensor.esize;
+    if (buf_reserve(&col->vals, bytes)) return fail_at(c, RT_OUT_OF_MEMORY, p, ci);
+    if (tensor_parse(c, &col->tensor, col->fixed_n, vs, ve, col->vals.p + col->vals.len, ci)) return -1;
+    col->vals.len += bytes;
+    col->nvals += col->fixed_n;
+    return 0;
+}
+
 static inline int decode_feature(void *self, Ctx *c, int ci, const Feature *ft, const uint8_t *p, const uint8_t *end) {
     Col *col = &((Cols *)self)->cols[ci];
+    if (col->tensor.dtype && ft->kind == K_BYTES) return decode_tensor(col, c, ci, ft, p, end);
     if (ft->kind != col->kind) {
         c->err->actual = ft->kind;
         c->err->expected = col->kind;
@@ -105,7 +175,7 @@ static inline int decode_feature(void *self, Ctx *c, int ci, const Feature *ft, 
     int64_t n = 0;
     if (feature_collect(c, ft, end, &col->vals, &col->data, ci, 1, &n)) return -1;
     col->nvals += n;
-    if (col->kind == K_BYTES && col->nvals > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, p, ci);
+    if (col_bytes(col) && col->nvals > INT32_MAX) return fail_at(c, RT_TOO_MANY_VALUES, p, ci);
     return 0;
 }
 
@@ -155,10 +225,10 @@ static int finish_record(Ctx *c, Cols *cs) {
             col->nulls++;
             int64_t fill = col->shape == S_SCALAR ? 1 : col->shape == S_FIXED ? col->fixed_n : 0;
             for (int64_t k = 0; k < fill; k++) {
-                if (col->kind == K_BYTES) {
+                if (col_bytes(col)) {
                     if (push_i32(c, &col->vals, (int64_t)col->data.len, ci)) return -1;
                 } else if (col->kind != K_NULL) {
-                    size_t es = elem_size(col->kind);
+                    size_t es = col_esize(col);
                     if (buf_reserve(&col->vals, es)) return fail_at(c, RT_OUT_OF_MEMORY, NULL, ci);
                     memset(col->vals.p + col->vals.len, 0, es);
                     col->vals.len += es;

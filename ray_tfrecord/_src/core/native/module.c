@@ -159,6 +159,7 @@ static void raise_codec_error(const rt_error *e, PyObject *column, PyObject *mes
         {"actual", PyLong_FromLongLong(e->actual)},
         {"expected", PyLong_FromLongLong(e->expected)},
         {"other_record", PyLong_FromLongLong(e->other_record)},
+        {"index", PyLong_FromLongLong(e->index)},
     };
     int ok = 1;
     for (size_t i = 0; i < sizeof(attrs) / sizeof(attrs[0]); i++) {
@@ -413,6 +414,30 @@ static void decoder_dealloc(DecoderObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A spec's tensor fields (tensor_dtype: a DT_* code, 0 for none; tensor_shape: a sequence of ints;
+ * tensor_widen), applied to column ci: -1 with a Python error, else 0 with *st the core's status. */
+static int decoder_tensor_spec(PyObject *col, Cols *cs, int ci, rt_status *st) {
+    int dtype, widen;
+    if (attr_int(col, "tensor_dtype", &dtype) || attr_int(col, "tensor_widen", &widen)) return -1;
+    if (!dtype) return 0;
+    PyObject *shape = PyObject_GetAttrString(col, "tensor_shape");
+    PyObject *seq = shape ? PySequence_Fast(shape, "tensor_shape must be a sequence") : NULL;
+    Py_XDECREF(shape);
+    if (!seq) return -1;
+    int64_t dims[RT_TENSOR_MAX_RANK];
+    Py_ssize_t rank = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t k = 0; k < rank && k < RT_TENSOR_MAX_RANK; k++) {
+        dims[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, k));
+        if (dims[k] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    *st = rank > RT_TENSOR_MAX_RANK ? RT_BAD_SPEC : rt_decode_set_tensor(cs, ci, dtype, (int)rank, dims, widen);
+    return 0;
+}
+
 static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"columns", "record_type", NULL};
     PyObject *spec;
@@ -449,6 +474,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         self->not_null[i] = !nullable;
         st = rt_decode_add_column(&self->tmpl, (const uint8_t *)PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
                                   kind, shape, fixed_n, section);
+        if (st == RT_OK && decoder_tensor_spec(col, &self->tmpl, (int)i, &st)) goto fail;
         if (st != RT_OK) {
             raise_status(st);
             goto fail;
@@ -528,6 +554,7 @@ static PyTypeObject DecoderType = {
     .tp_members = decoder_members,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Decoder(columns, record_type): columns are objects with name, kind, shape, fixed_size, section,\n"
+              "tensor_dtype, tensor_shape, tensor_widen, "
               "nullable (a DecodeSpec); record_type an Example or SequenceExample code.",
 };
 
@@ -990,15 +1017,36 @@ static int add_constants(PyObject *m) {
     static const Named record_types[] = {RT_RECORD_TYPE_LIST(RT_CONST_NAMED)};
     static const Named sections[] = {RT_SECTION_LIST(RT_CONST_NAMED)};
     static const Named frame[] = {RT_FRAME_LIST(RT_CONST_NAMED)};
+    static const Named tf_dtypes[] = {RT_TF_DTYPE_LIST(RT_CONST_NAMED)};
 #undef RT_CONST_NAMED
 #define N(a) (sizeof(a) / sizeof(a[0]))
     return add_names(m, "STATUS", status, N(status)) || add_names(m, "KINDS", kinds, N(kinds)) ||
                    add_names(m, "SHAPES", shapes, N(shapes)) ||
                    add_names(m, "RECORD_TYPES", record_types, N(record_types)) ||
-                   add_names(m, "SECTIONS", sections, N(sections)) || add_names(m, "FRAME", frame, N(frame))
+                   add_names(m, "SECTIONS", sections, N(sections)) || add_names(m, "FRAME", frame, N(frame)) ||
+                   add_names(m, "TF_DTYPES", tf_dtypes, N(tf_dtypes))
                ? -1
                : 0;
 #undef N
+}
+
+/* {name: message} of every status, so Python can word a status it finds inside another's error. */
+static int add_status_messages(PyObject *m) {
+    static const char *const names[] = {
+#define RT_STATUS_NAME(name, message) #name,
+        RT_STATUS_LIST(RT_STATUS_NAME)
+#undef RT_STATUS_NAME
+    };
+    PyObject *d = PyDict_New();
+    int rc = d ? 0 : -1;
+    for (int i = 0; i < RT_STATUS_COUNT && rc == 0; i++) {
+        PyObject *v = PyUnicode_FromString(rt_status_message((rt_status)i));
+        rc = v ? PyDict_SetItemString(d, names[i], v) : -1;
+        Py_XDECREF(v);
+    }
+    if (rc == 0) rc = PyModule_AddObjectRef(m, "STATUS_MESSAGES", d);
+    Py_XDECREF(d);
+    return rc;
 }
 
 static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *desc) {
@@ -1024,7 +1072,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         add_type(m, &ScanResultType, &scan_desc) || add_type(m, &FrameErrorType, &frame_error_desc) ||
         add_type(m, &InspectedColumnType, &inspected_desc) ||
         add_type(m, &EncodedType, &encoded_desc) || add_type(m, &ByteArrayType, &byte_array_desc) ||
-        add_constants(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
+        add_constants(m) || add_status_messages(m) || PyModule_AddObjectRef(m, "HARDWARE_CRC", rt_crc32c_update != rt_crc32c_sw ? Py_True : Py_False) < 0) {
         Py_DECREF(m);
         return NULL;
     }
