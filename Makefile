@@ -1,10 +1,11 @@
 # Any python >= 3.11: the first of these that is one, unless PY=... names it.
 PY ?= $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $(p))))
-VENV := .venv
+# VENV=.venv-py313 PY=python3.13: a second venv for another Python (CI's Python 3.13 leg).
+VENV ?= .venv
 BIN := $(VENV)/bin
 NATIVE := $(wildcard ray_tfrecord/_src/core/native/*.[ch])
 
-.PHONY: demo test lint bench docs clean test-lowest clean-lowest
+.PHONY: demo test test-slow test-all lint bench docs clean test-lowest clean-lowest
 
 $(BIN)/python:
 	@test -n "$(PY)" || { echo "make: no python >= 3.11 found; install one or name it: make PY=/path/to/python3.12" >&2; exit 1; }
@@ -20,7 +21,16 @@ $(VENV)/.installed-%: pyproject.toml setup.py $(NATIVE) | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/python train_examples/digits.py
 
+# Two tiers, chosen by what a test costs (tests/README.md): `make test` runs every module's tests of our own
+# logic, the fast tier (-m "not slow"); `make test-slow` the expensive end-to-end runs (Ray Train groups,
+# killed and restarted jobs, Ray clusters, docs pages, servers); `make test-all` both. CI runs both.
 test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 # ruff and mypy over the package (configured in pyproject.toml): zero findings, or CI fails.

@@ -258,6 +258,7 @@ def report(name: str, ids: list[int], rows: list[dict], killed: list[dict], reru
 # -- the faults ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killed_between_files_and_checkpoint_record(ray_local, tmp_path):
     """``overwrite`` over an older dataset, files cut by ``max_rows_per_file`` and gathered by
     ``min_rows_per_file``; killed with a task's files in place and its ids still pending. The rerun
@@ -274,6 +275,7 @@ def test_killed_between_files_and_checkpoint_record(ray_local, tmp_path):
            check_complete(out, ids), killed, rerun)
 
 
+@pytest.mark.slow
 def test_killed_in_the_final_commit(ray_local, tmp_path):
     """``append`` to a dataset with a recorded schema; killed in the driver's final commit, after Ray
     deleted its checkpoint (the job had succeeded): the rerun writes no row again and completes the commit."""
@@ -292,6 +294,7 @@ def test_killed_in_the_final_commit(ray_local, tmp_path):
            check_complete(out, list(range(-20, 0)) + ids), killed, rerun)
 
 
+@pytest.mark.slow
 def test_killed_twice_in_a_row(ray_local, tmp_path):
     """Default ``mode="error"`` into a new directory, partitioned and gzip-compressed: killed with files in
     place, killed again while a write task of the rerun (on 1 CPU) is staging, then run to completion."""

@@ -491,6 +491,7 @@ def test_path_like_paths_read_like_strings(ray_local, tf_files):
     assert sorted(r["id"] for r in ray.data.read_datasource(source).take_all()) == list(range(200, 300))
 
 
+@pytest.mark.slow
 def test_named_ray_options_reach_ray_and_no_deprecation_warning_comes_from_our_calls(tmp_path):
     """In a fresh process (a fresh DataContext, whose creation Ray 2.60 warns about) with Ray running: a read
     and a write with the read and write tasks' options given by name, deprecation warnings recorded."""

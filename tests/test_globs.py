@@ -408,6 +408,7 @@ def test_a_relative_glob_finds_the_recorded_schema_in_the_current_directory(ray_
     assert read_stored_schema(listing.filesystem, listing.roots[0]).field("word").type == pa.string()
 
 
+@pytest.mark.slow
 def test_cli_takes_a_quoted_glob(tf_written, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": "local"}
     command = f"{sys.executable} -m ray_tfrecord._src.cli --num-cpus 1 inspect '{tf_written}/day=[13]/part-*' --rows 1"

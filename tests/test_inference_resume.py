@@ -120,6 +120,7 @@ def output_rows(out: Path) -> dict[str, list[dict]]:
     return {os.path.basename(f): pq.read_table(f).to_pylist() for f in visible_files(out)}
 
 
+@pytest.mark.slow
 def test_killed_inference_resumes_with_every_key_once(source, tmp_path):
     """The rerun with 1 CPU for the predictor refuses at once, naming num_cpus=; with the defaults the
     predictor takes what Ray's checkpoint filter leaves, says so, and every key is written exactly once."""

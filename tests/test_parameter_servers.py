@@ -17,7 +17,7 @@ import ray_tfrecord
 from ray_tfrecord import StallError
 from ray_tfrecord.tf import ClusterFailedError, plan_splits, ps_trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 ROWS = 1024
 FEATURES = 8
@@ -132,6 +132,7 @@ def _kill_when(path: str, actor: str, killed: list) -> None:
     killed.append(actor)
 
 
+@pytest.mark.slow
 def test_custom_coordinator_loop_converges_past_a_killed_worker(data, tmp_path):
     """Worker 0 is killed after the first epoch: TensorFlow's coordinator runs its steps on worker 1,
     ps_trainer starts worker 0 again at its address, and no scheduled step is lost (a step the worker
@@ -157,6 +158,7 @@ def _kill_after_first_checkpoint(checkpoints: str, actor: str, killed: list) -> 
     killed.append(actor)
 
 
+@pytest.mark.slow
 def test_a_killed_parameter_server_restarts_the_cluster_from_its_checkpoint(data, tmp_path):
     killed: list = []
     killer = threading.Thread(target=_kill_after_first_checkpoint,
@@ -173,6 +175,7 @@ def test_a_killed_parameter_server_restarts_the_cluster_from_its_checkpoint(data
     assert result.checkpoint_dir == f"{tmp_path}/kill/checkpoints"
 
 
+@pytest.mark.slow
 def test_failures_beyond_max_failures_raise_naming_the_keyword(data, tmp_path):
     def broken(config):
         raise KeyError("no_such_column")

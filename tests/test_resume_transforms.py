@@ -71,6 +71,7 @@ def test_a_resumed_epoch_augments_each_row_as_an_uninterrupted_one(ray_local, pl
     assert {i: n for i, n, w in _rows(feed) if w} != noise
 
 
+@pytest.mark.slow
 def test_keep_drops_rows_by_weight_and_a_class_runs_on_an_actor_pool(ray_local, plan):
     feed = ResumableFeed(plan, feature_columns=["x", "scaled"], label_columns="id", batch_size=16, seed=5, rank=0, world_size=1,
                          transform=Scale, keep=lambda b: b["id"] % 3 > 0,

@@ -182,12 +182,14 @@ def model(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_entry_points_on_2_cpus_finish(ray_local, model, tmp_path):
     assert entry_points(str(tmp_path), model) == dict.fromkeys(
         ["write_tfrecords", "read_tfrecords", "predict", "inference", "tf_dataset", "ResumableFeed",
          "tensorflow_trainer", "cli"])
 
 
+@pytest.mark.slow
 def test_entry_points_on_1_cpu_finish_or_refuse(model, tmp_path):
     outcomes = run_driver("tests.test_stalls", "one_cpu_entry_points", [str(tmp_path), model], timeout=200)
     assert outcomes == {
@@ -235,6 +237,7 @@ def three_feeds(root: str) -> None:
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_three_transformed_feeds_take_turns_on_2_cpus(tmp_path):
     """Before, the third feed's dataset() waited forever: the first two feeds' Ray Data executions,
     started for their first table and kept for their first pass, held their actors and both CPUs."""

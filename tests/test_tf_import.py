@@ -77,6 +77,7 @@ print("heavy before use:", heavy)
     assert "heavy before use: []" in run.stdout
 
 
+@pytest.mark.slow
 def test_tensorflow_start_up_lines_are_those_of_a_plain_import():
     """Nothing filters TensorFlow's own start-up output: the lines of ``import tensorflow`` are there
     as often as without this package."""

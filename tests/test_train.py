@@ -17,7 +17,7 @@ import ray_tfrecord
 from ray_tfrecord._src.tf.checkpoint import MODEL_FILE, ReportCheckpoint, restore
 from ray_tfrecord._src.tf.train import tensorflow_trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = pytest.mark.timeout(400)
 
 SCHEMA = pa.schema([("x", pa.list_(pa.float32(), 2)), ("tokens", pa.list_(pa.int64())), ("y", pa.float32())])
 
@@ -128,6 +128,7 @@ def _per_replica_passes(tf, strategy, model, config) -> dict:
     return {"seen": seen, "sizes": sizes, "steps": counted, "loss": history.history["loss"], "after": after}
 
 
+@pytest.mark.slow
 def test_three_workers_take_equal_steps_and_per_replica_batches_read_each_row_once(ray_local, tmp_path):
     """One group of three: the plain feed over rows that do not divide into the workers' batches, then the
     per-replica feed (``strategy=``) over rows that do, each row once an epoch."""
@@ -217,6 +218,7 @@ def _resumable_loop(config):
     model.fit(feed, epochs=config["epochs"], initial_epoch=start, callbacks=[Trace(), ReportCheckpoint()], verbose=0)
 
 
+@pytest.mark.slow
 def test_killed_worker_resumes_from_checkpoint(ray_local, tmp_path):
     _write_rows(str(tmp_path / "data"), 300)
     log_dir = tmp_path / "logs"
@@ -266,6 +268,7 @@ def test_killed_worker_resumes_from_checkpoint(ray_local, tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_reservation_leaving_reads_no_cpu_fails_before_training(ray_local, tmp_path):
     """The README's old snippet on 2 CPUs (2 workers x 1 CPU) hung at Epoch 1; now it says what to change.
 

@@ -278,6 +278,7 @@ def test_cli_help_covers_every_argument_without_markup():
     assert parser.parse_args(["verify", "p", "--num-cpus", "1"]).num_cpus == 1
 
 
+@pytest.mark.slow
 def test_cli_shows_progress_and_no_tensorflow_banners(tmp_path):
     path = str(tmp_path / "one.tfrecord")
     open(path, "wb").write(frame_records([example(a=1)]))
