@@ -193,7 +193,12 @@ def serialized_column(field: pa.Field, arr: pa.Array, t: TensorColumn) -> Encode
             raise TFRecordError(f"a tensor row does not hold the {n} values of its shape {t.shape}", column=field.name)
     values = storage.values.slice(start, rows * n)
     if values.null_count:
-        raise TFRecordError("a tensor holds a null value; a serialized tensor cannot", column=field.name)
+        # A null row's slots may be null; a null inside a row has no serialized form.
+        nulls = np.asarray(values.is_null()).reshape(rows, n).any(axis=1) & np.asarray(storage.is_valid())
+        if nulls.any():
+            raise TFRecordError(f"the tensor of row {int(np.flatnonzero(nulls)[0])} holds a null value, which a "
+                                "serialized tensor cannot", column=field.name)
+        values = values.fill_null(False if t.dtype == TFDtype.BOOL else 0)
     np_values = values.to_numpy(zero_copy_only=False)
     if t.dtype == TFDtype.BOOL:
         np_values = np_values.astype(np.uint8)

@@ -391,7 +391,9 @@ class Encoder:
     [`TFRecordError`][ray_tfrecord.TFRecordError] for values that cannot be written without
     loss: a null inside a list, ``float64`` and decimal values with no exact float32 form, unless
     ``allow_float64_narrowing`` / ``allow_decimal_narrowing`` (then they are rounded to the
-    nearest float32).
+    nearest float32). With ``serialize_tensors``, each fixed-shape tensor column (``pa.fixed_shape_tensor``,
+    Ray's tensor types) is written as Ray's ``write_tfrecords`` writes it: one ``bytes_list`` value a row, the
+    tensor's ``tf.io.serialize_tensor`` bytes, which ``tf.io.parse_tensor`` reads (else: its flat values).
 
     >>> import pyarrow as pa
     >>> batch = pa.record_batch({"id": pa.array([1, 2]), "x": pa.array([0.5, None])})
@@ -400,7 +402,8 @@ class Encoder:
     """
 
     def __init__(self, schema: pa.Schema, record_type: RecordType = "Example", *,
-                 allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> None:
+                 allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False,
+                 serialize_tensors: bool = False) -> None:
         _check_columns(schema, record_type, null_typed=True)
         self.schema = schema
         self.record_type = record_type
@@ -413,9 +416,12 @@ class Encoder:
         self._written = [i for i, f in enumerate(schema) if not pa.types.is_null(f.type)]
         fields = [schema.field(i) for i in self._written]
         self._specs = [column_spec(f, record_type) for f in fields]
+        self._tensors = _tensors.tensor_columns(pa.schema(fields)) if serialize_tensors else {}
+        for i in self._tensors:
+            self._specs[i] = (Kind.BYTES, Shape.SCALAR, 0)
         self._native = _native.Encoder([EncodeSpec(f.name.encode(), *spec) for f, spec in zip(fields, self._specs)],
                                        self._rtype)
-        readable = [natively_readable(f.type) for f in fields]
+        readable = [natively_readable(f.type) and i not in self._tensors for i, f in enumerate(fields)]
         self._python = [i for i, ok in enumerate(readable) if not ok]
         self._read = [i for i, ok in enumerate(readable) if ok]
 
@@ -460,21 +466,24 @@ class Encoder:
             raise null_in_list(what, e.actual, (e.column or b"").decode()) from None
 
     def _column(self, batch: pa.RecordBatch, i: int) -> EncodeColumn:
+        if i in self._tensors:
+            return _tensors.serialized_column(batch.schema.field(i), batch.column(i), self._tensors[i])
         return encode_column(batch.schema.field(i), batch.column(i), self._specs[i], self._narrowing)
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_encoder(key: pa.Schema | _SchemaKey, record_type: RecordType, allow_float64_narrowing: bool,
-                    allow_decimal_narrowing: bool) -> Encoder:
+                    allow_decimal_narrowing: bool, serialize_tensors: bool) -> Encoder:
     return Encoder(_schema_of(key), record_type, allow_float64_narrowing=allow_float64_narrowing,
-                   allow_decimal_narrowing=allow_decimal_narrowing)
+                   allow_decimal_narrowing=allow_decimal_narrowing, serialize_tensors=serialize_tensors)
 
 
 @public("ray_tfrecord")
 def encode(batch: pa.RecordBatch | pa.Table, record_type: RecordType = "Example", *,
-           allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False) -> EncodedRecords:
+           allow_float64_narrowing: bool = False, allow_decimal_narrowing: bool = False,
+           serialize_tensors: bool = False) -> EncodedRecords:
     """Encode every row of ``batch`` as one framed record (CRCs included), as an ``Encoder``
     for its schema does (one is kept per schema)."""
     encoder = _per_schema(_cached_encoder, batch.schema, record_type, allow_float64_narrowing,
-                          allow_decimal_narrowing)
+                          allow_decimal_narrowing, serialize_tensors)
     return encoder.encode(batch)
