@@ -4,12 +4,12 @@
 #                      root, else falls back to gcc; fails only for a finding, never for a missing tool
 #   make fuzz-cov      llvm-cov line coverage of the native units over the seeds and the inputs kept by `make fuzz`
 #   make fuzz-corpus   regenerate the seed corpora in fuzz/corpus/ (needs the package importable)
-# FUZZ_TARGETS picks targets (default: scan decode_example decode_sequence inspect encode pool jpeg;
+# FUZZ_TARGETS picks targets (default: scan decode_example decode_sequence inspect encode pool tensor jpeg;
 # jpeg only where libjpeg-turbo's headers are installed).
 _FUZZ_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
-FUZZ_TARGETS ?= scan decode_example decode_sequence inspect encode pool jpeg
+FUZZ_TARGETS ?= scan decode_example decode_sequence inspect encode pool tensor jpeg
 FUZZ_PYTHON ?= $(firstword $(wildcard .venv/bin/python) $(shell command -v python3.11 || command -v python3))
 FUZZ_ENV = FUZZ_TARGETS="$(FUZZ_TARGETS)" FUZZ_PYTHON="$(FUZZ_PYTHON)"
 

@@ -1,7 +1,7 @@
 /*
  * Fuzz targets for the native codec, one per entry point: scan, decode_example, decode_sequence,
- * inspect, encode, the buffer pool they allocate from, and the JPEG window decode (jpeg, built where
- * libjpeg-turbo is found: RT_HAVE_JPEG). They call the codec's Python-free units
+ * inspect, encode, the buffer pool they allocate from, the serialized tensor parser (tensor), and
+ * the JPEG window decode (jpeg, built where libjpeg-turbo is found: RT_HAVE_JPEG). They call the codec's Python-free units
  * (every .c file in ray_tfrecord/_src/core/native/ but module.c) directly: no Python header, no libpython.
  * Build one binary per target with -DFUZZ_TARGET=<function>, linking those units (fuzz/run.sh
  * does): linked with -fsanitize=fuzzer it is a libFuzzer target, linked with fuzz/driver.c it
@@ -14,7 +14,9 @@
  * and which the encoder reads in place and writes back to records that decode to the same batch;
  * inspect's statistics agree with a decode using the schema it implies, encode's output scans and
  * decodes back to exactly its input, and the pool lends a buffer to one owner at a time, with all
- * the capacity it reports, whichever thread frees it, and holds no more than its bound.
+ * the capacity it reports, whichever thread frees it, and holds no more than its bound; a
+ * TensorProto parses for at most one dtype, into every byte of its row, or fails with a TENSOR_*
+ * status naming a byte inside it, and it declares the dtype and shape it parses as.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -853,6 +855,99 @@ static int fuzz_pool(const uint8_t *data, size_t size) {
     CHECK(pthread_create(&t, NULL, pool_drop_all, &d) == 0);
     CHECK(pthread_join(t, NULL) == 0);
     CHECK(rt_pool_held() <= RT_POOL_BYTES);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* tensor: a declared shape, then a TensorProto read by tensor_parse for every dtype (decode.c's  */
+/* tensor columns). Byte 0: the rank (low 3 bits) and bfloat16 widened to float32 (bit 7); then  */
+/* one byte per dimension (a dimension that would take the shape past 4096 elements reads as 1).  */
+
+static int tensor_ok(rt_status s) { return s == RT_OK || (s >= RT_TENSOR_MALFORMED && s <= RT_TENSOR_VALUE_RANGE); }
+
+/* Parses the proto [p, p + len) as t with out prefilled by fill: its status, err filled on a failure. */
+static rt_status tensor_run(const rt_tensor *t, int64_t n, const uint8_t *p, size_t len, uint8_t *out, uint8_t fill,
+                            rt_error *err) {
+    memset(out, fill, (size_t)n * (size_t)t->esize);
+    *err = (rt_error){.status = RT_OK, .record = -1, .col = -1, .offset = -1, .index = 0};
+    Ctx c = {.rec = p, .record = 5, .err = err};
+    int rc = tensor_parse(&c, t, n, p, p + len, out, 3);
+    CHECK((rc == 0) == (err->status == RT_OK) && (rc == 0 || rc == -1));
+    return err->status;
+}
+
+static int fuzz_tensor(const uint8_t *data, size_t size) {
+    In in = {data, data + size};
+    uint8_t head = in_byte(&in);
+    rt_tensor t = {.rank = head & 7};
+    int64_t n = 1;
+    for (int i = 0; i < t.rank; i++) {
+        int64_t d = in_byte(&in);
+        if (n * d > 4096) d = 1;
+        t.dims[i] = d;
+        n *= d;
+    }
+    /* The proto in an allocation of its own size: a read past its end is an ASan report. */
+    size_t len = (size_t)(in.end - in.p);
+    uint8_t *proto = malloc(len ? len : 1);
+    CHECK(proto != NULL);
+    if (len) memcpy(proto, in.p, len);
+    int64_t matched = 0; /* the dtype (a DT_* code) that parsed, 0 for none */
+    for (size_t k = 0; k < sizeof(rt_tensor_dtypes) / sizeof(rt_tensor_dtypes[0]); k++) {
+        const rt_tensor_dtype *d = &rt_tensor_dtypes[k];
+        t.dtype = d->dtype;
+        t.widen = d->dtype == DT_BFLOAT16 && (head & 0x80);
+        t.esize = t.widen ? 4 : d->esize;
+        size_t bytes = (size_t)n * (size_t)t.esize; /* the row: exactly the shape's elements x their size */
+        uint8_t *a = malloc(bytes ? bytes : 1), *b = malloc(bytes ? bytes : 1);
+        CHECK(a != NULL && b != NULL);
+        rt_error ea, eb;
+        rt_status sa = tensor_run(&t, n, proto, len, a, 0xA5, &ea), sb = tensor_run(&t, n, proto, len, b, 0x5A, &eb);
+        CHECK(tensor_ok(sa) && sa == sb);
+        if (sa == RT_OK) {
+            /* Every byte of the row is written (two fills, one result), and only one dtype matches. */
+            CHECK(memcmp(a, b, bytes) == 0);
+            CHECK(matched == 0 || matched == d->dtype);
+            matched = d->dtype;
+            for (int64_t i = 0; d->dtype == DT_BOOL && i < n; i++) CHECK(a[i] <= 1);
+            for (int64_t i = 0; t.widen && i < n; i++) CHECK(rd32(a + 4 * i) % 65536 == 0);
+        } else {
+            /* A failure names the record, the column and a byte inside the proto, as the first run did. */
+            CHECK(ea.record == 5 && ea.col == 3 && ea.offset >= 0 && (size_t)ea.offset <= len);
+            CHECK(ea.offset == eb.offset && ea.actual == eb.actual && ea.expected == eb.expected);
+            CHECK(sa != RT_TENSOR_MALFORMED || malformed((rt_status)ea.actual));
+            CHECK(sa != RT_TENSOR_DTYPE_MISMATCH || ea.expected == d->dtype);
+            CHECK(sa != RT_TENSOR_SHAPE_MISMATCH || (ea.index >= -1 && ea.index < t.rank));
+            CHECK(sa != RT_TENSOR_CONTENT_SIZE || ea.expected == n * d->esize);
+            CHECK(sa != RT_TENSOR_TOO_MANY_VALUES || (ea.actual > n && ea.expected == n));
+        }
+        free(a);
+        free(b);
+    }
+    /* What the proto declares (inspect's hint): the dtype and shape a parse above matched, and a shape
+     * that its own dtype's parse never refuses for dtype or shape. */
+    rt_tensor said;
+    int64_t said_n;
+    rt_error e = {.status = RT_OK};
+    Ctx c = {.rec = proto, .record = 5, .err = &e};
+    int rc = tensor_describe(&c, &said, &said_n, proto, proto + len, 3);
+    CHECK(rc == 0 ? e.status == RT_OK : rc == -1 && tensor_ok(e.status) && e.status != RT_OK);
+    CHECK(rc == 0 || (e.offset >= 0 && (size_t)e.offset <= len));
+    if (matched) {
+        CHECK(rc == 0 && said.dtype == matched && said.rank == t.rank && said_n == n);
+        CHECK(memcmp(said.dims, t.dims, sizeof(int64_t) * (size_t)t.rank) == 0);
+    }
+    if (rc == 0) {
+        CHECK(said_n >= 0 && said_n <= INT32_MAX && said.rank <= RT_TENSOR_MAX_RANK && rt_tensor_dtype_of(said.dtype));
+        size_t bytes = (size_t)said_n * (size_t)said.esize;
+        uint8_t *out = bytes <= (1u << 20) ? malloc(bytes ? bytes : 1) : NULL;
+        if (out) {
+            rt_status s = tensor_run(&said, said_n, proto, len, out, 0, &e);
+            CHECK(s != RT_TENSOR_DTYPE_MISMATCH && s != RT_TENSOR_SHAPE_MISMATCH);
+            free(out);
+        }
+    }
+    free(proto);
     return 0;
 }
 

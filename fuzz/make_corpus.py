@@ -8,6 +8,8 @@ installed), wrapped in each target's input format (see fuzz/fuzz_native.c):
 - inspect: a record-type byte, then records as above.
 - encode: generator bytes (the target builds Arrow-like buffers from them).
 - pool: 3-byte operations (slot, size; bit 7 of the slot byte: on a new thread) on the buffer pool.
+- tensor: a declared shape (rank byte, bit 7: bfloat16 widened; a byte per dimension), then a
+  TensorProto: tf.io.serialize_tensor's of every dtype, typed-value forms, broken ones (needs TensorFlow).
 
 Files named regression-* (inputs that once found a bug) are kept.
 
@@ -128,9 +130,53 @@ def _jpeg_seeds() -> list[bytes]:
     return [window + image for image in images for window in windows]
 
 
+def _tensor_seeds() -> list[bytes]:
+    """TensorProtos behind the shape they declare (fuzz_tensor): every dtype tf.io.serialize_tensor
+    writes, typed-value fields (packed, unpacked, a fill), and broken ones; none without TensorFlow."""
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import numpy as np
+        import tensorflow as tf
+    except ImportError:
+        return []
+
+    def seed(proto: bytes, shape: list[int], widen: bool = False) -> bytes:
+        return bytes([len(shape) | widen << 7, *shape]) + proto
+
+    def typed(dtype: int, shape: list[int], field_bytes: bytes) -> bytes:
+        """A TensorProto written by hand: dtype, shape, then the typed field's bytes as given."""
+        dims = b"".join(b"\x12" + bytes([2, 8, d]) for d in shape)
+        return bytes([8, dtype, 0x12, len(dims)]) + dims + field_bytes
+
+    seeds = []
+    values = np.arange(-3, 3).reshape(2, 3)
+    for dtype in (tf.float32, tf.float64, tf.int32, tf.uint8, tf.int16, tf.int8, tf.int64, tf.bool,
+                  tf.bfloat16, tf.uint16, tf.float16, tf.uint32, tf.uint64):
+        tensor = tf.cast(values if dtype.is_bool or not dtype.is_unsigned else values + 3, dtype)
+        seeds.append(seed(tf.io.serialize_tensor(tensor).numpy(), [2, 3]))
+    bf16 = tf.io.serialize_tensor(tf.constant([[1.5, -2.0]], tf.bfloat16)).numpy()
+    seeds.append(seed(bf16, [1, 2], widen=True))
+    f32 = tf.io.serialize_tensor(tf.constant([[0.5, 1.0, 2.0], [3.0, 4.0, 5.0]])).numpy()
+    seeds += [
+        seed(tf.io.serialize_tensor(tf.constant(7.0)).numpy(), []),  # a scalar
+        seed(tf.io.serialize_tensor(tf.zeros([0, 3])).numpy(), [0, 3]),  # no elements
+        seed(f32[: len(f32) // 2], [2, 3]),  # truncated
+        seed(f32[:-25] + bytes([0x7F]) + f32[-24:], [2, 3]),  # tensor_content claims 127 bytes
+        seed(f32[:-25] + bytes([20]) + f32[-24:-4], [2, 3]),  # 20 bytes of content: one value short
+        seed(tf.make_tensor_proto(5.0, shape=[2, 3]).SerializeToString(), [2, 3]),  # float_val filled
+        seed(tf.make_tensor_proto(np.int64(-9), shape=[4]).SerializeToString(), [4]),  # int64_val
+        seed(typed(3, [3], bytes([0x38, 1, 0x38, 2, 0x38, 0x7F])), [3]),  # int_val unpacked
+        seed(typed(6, [2], bytes([0x3A, 2, 0x80, 1])), [2]),  # int8's int_val 128: out of range
+        seed(typed(10, [3], bytes([0x5A, 2, 1, 0])), [3]),  # bool_val packed, then the last repeated
+        seed(typed(14, [2], bytes([0x6A, 4, 0xC0, 0x7F, 0x80, 0x3F])), [2], widen=True),  # half_val
+        seed(typed(1, [2], bytes([0x2D, 0, 0, 0x80, 0x3F] * 3)), [2]),  # three float_val for two
+    ]
+    return seeds
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "corpus")
-    targets = ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool", "jpeg")
+    targets = ("scan", "decode_example", "decode_sequence", "inspect", "encode", "pool", "tensor", "jpeg")
     seeds: dict[str, list[bytes]] = {t: [] for t in targets}
     streams, example_payloads, sequence_payloads = [], [], []
     for batch, rtype, spec in batches():
@@ -160,6 +206,7 @@ def main() -> None:
     for first in range(0, 256, 5):
         seeds["encode"].append(bytes([first]) + bytes(rng.randrange(256) for _ in range(rng.randrange(16, 400))))
     seeds["pool"] = _pool_seeds()
+    seeds["tensor"] = _tensor_seeds()
     seeds["jpeg"] = _jpeg_seeds()
     for target, items in seeds.items():
         d = out / target

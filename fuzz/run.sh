@@ -18,7 +18,7 @@ MODE=${1:-fuzz}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${FUZZ_OUT:-$ROOT/fuzz/build}
 SECONDS_PER=${FUZZ_SECONDS:-$([ "$MODE" = smoke ] && echo 5 || echo 60)}
-TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode pool jpeg}
+TARGETS=${FUZZ_TARGETS:-scan decode_example decode_sequence inspect encode pool tensor jpeg}
 SRC="$ROOT/fuzz/fuzz_native.c"
 UNITS=()
 for f in "$ROOT"/ray_tfrecord/_src/core/native/*.c; do [ "$(basename "$f")" = module.c ] || UNITS+=("$f"); done

@@ -86,37 +86,54 @@ static inline int tensor_field(Ctx *c, const uint8_t **pp, const uint8_t *end, u
     return -1;
 }
 
-/* Checks one TensorShapeProto [p, end) against t's dims from dimension *k on (the dims of repeated
- * tensor_shape fields add up, as protobuf merges them). */
-static int tensor_shape_check(Ctx *c, const rt_tensor *t, const uint8_t *p, const uint8_t *end, int *k, int ci) {
-    while (p < end) {
-        const uint8_t *at = p, *vs, *ve;
+/* The next dimension of the TensorShapeProto [*pp, end): 1 with its size, 2 for unknown_rank set (no
+ * size), both with where the field starts; 0 at the shape's end, -1 after fail_at. */
+static int tensor_dim(Ctx *c, const uint8_t **pp, const uint8_t *end, const uint8_t **at, int64_t *size, int ci) {
+    while (*pp < end) {
+        const uint8_t *vs, *ve;
         uint32_t f;
         int wt;
-        if (tensor_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
+        *at = *pp;
+        if (tensor_field(c, pp, end, &f, &wt, &vs, &ve, ci)) return -1;
         if (f == F_SHAPE_UNKNOWN_RANK && wt == WT_VARINT) {
             uint64_t v = 0;
             rd_varint(&vs, ve, &v);
-            c->err->index = -1;
-            if (v) return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, at, ci, -1, t->rank);
-            continue;
+            if (!v) continue;
+            return 2;
         }
         if (f != F_SHAPE_DIM) continue;
-        if (wt != WT_LEN) return tensor_fail(c, RT_TENSOR_MALFORMED, at, ci, RT_MALFORMED_WIRE_TYPE, 0);
-        uint64_t size = 0; /* a Dim without size has size 0 (proto3) */
+        if (wt != WT_LEN) return tensor_fail(c, RT_TENSOR_MALFORMED, *at, ci, RT_MALFORMED_WIRE_TYPE, 0);
+        uint64_t v = 0; /* a Dim without size has size 0 (proto3) */
         for (const uint8_t *q = vs; q < ve;) {
             const uint8_t *ds, *de;
             if (tensor_field(c, &q, ve, &f, &wt, &ds, &de, ci)) return -1;
-            if (f == F_DIM_SIZE && wt == WT_VARINT) rd_varint(&ds, de, &size);
+            if (f == F_DIM_SIZE && wt == WT_VARINT) rd_varint(&ds, de, &v);
         }
-        if (*k >= t->rank || (int64_t)size != t->dims[*k]) {
+        *size = (int64_t)v; /* a negative size (TensorFlow's unknown dimension) matches no column's */
+        return 1;
+    }
+    return 0;
+}
+
+/* Checks one TensorShapeProto [p, end) against t's dims from dimension *k on (the dims of repeated
+ * tensor_shape fields add up, as protobuf merges them). */
+static int tensor_shape_check(Ctx *c, const rt_tensor *t, const uint8_t *p, const uint8_t *end, int *k, int ci) {
+    const uint8_t *at;
+    int64_t size;
+    int r;
+    while ((r = tensor_dim(c, &p, end, &at, &size, ci)) > 0) {
+        if (r == 2) {
+            c->err->index = -1;
+            return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, at, ci, -1, t->rank);
+        }
+        if (*k >= t->rank || size != t->dims[*k]) {
             c->err->index = *k < t->rank ? *k : -1;
-            if (*k < t->rank) return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, at, ci, (int64_t)size, t->dims[*k]);
+            if (*k < t->rank) return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, at, ci, size, t->dims[*k]);
             return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, at, ci, *k + 1, t->rank);
         }
         (*k)++;
     }
-    return 0;
+    return r;
 }
 
 /* Stores value v (from a typed field) as element i of out, range-checked for its dtype. */
@@ -233,6 +250,49 @@ static RT_MAYBE_UNUSED int tensor_parse(Ctx *c, const rt_tensor *t, int64_t n, c
     } else {
         for (int64_t i = m; i < n; i++) memcpy(out + es * (size_t)i, out + es * (size_t)(m - 1), es);
     }
+    return 0;
+}
+
+/* The dtype and shape the TensorProto [p, end) declares, for a caller with no column to check it
+ * against (inspect's hint): into t (dtype, rank, dims, esize the dtype's, no widening) and *n, their
+ * element count. 0, or -1 after fail_at with TENSOR_MALFORMED; TENSOR_DTYPE_MISMATCH for a dtype no
+ * tensor column reads (expected 0); TENSOR_SHAPE_MISMATCH for an unknown rank or more than
+ * RT_TENSOR_MAX_RANK dimensions (index -1, expected RT_TENSOR_MAX_RANK), or a dimension that is
+ * negative or takes the count past INT32_MAX, rt_decode_set_tensor's bound (index: that dimension,
+ * expected -1). Whether the values parse is tensor_parse's to say. */
+static RT_MAYBE_UNUSED int tensor_describe(Ctx *c, rt_tensor *t, int64_t *n, const uint8_t *p, const uint8_t *end,
+                                           int ci) {
+    const uint8_t *start = p;
+    uint64_t dtype = 0; /* DT_INVALID when absent */
+    *t = (rt_tensor){0};
+    *n = 1;
+    while (p < end) {
+        const uint8_t *at = p, *vs, *ve, *dim;
+        uint32_t f;
+        int wt, r;
+        int64_t size;
+        if (tensor_field(c, &p, end, &f, &wt, &vs, &ve, ci)) return -1;
+        if (f == F_TENSOR_DTYPE && wt == WT_VARINT) rd_varint(&vs, ve, &dtype);
+        if (f != F_TENSOR_SHAPE) continue;
+        if (wt != WT_LEN) return tensor_fail(c, RT_TENSOR_MALFORMED, at, ci, RT_MALFORMED_WIRE_TYPE, 0);
+        while ((r = tensor_dim(c, &vs, ve, &dim, &size, ci)) > 0) {
+            if (r == 2 || t->rank == RT_TENSOR_MAX_RANK) {
+                c->err->index = -1;
+                return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, dim, ci, r == 2 ? -1 : t->rank + 1, RT_TENSOR_MAX_RANK);
+            }
+            if (size < 0 || (size && *n > INT32_MAX / size)) {
+                c->err->index = t->rank;
+                return tensor_fail(c, RT_TENSOR_SHAPE_MISMATCH, dim, ci, size, -1);
+            }
+            t->dims[t->rank++] = size;
+            *n *= size;
+        }
+        if (r < 0) return -1;
+    }
+    const rt_tensor_dtype *d = dtype <= INT32_MAX ? rt_tensor_dtype_of((int)dtype) : NULL;
+    if (!d) return tensor_fail(c, RT_TENSOR_DTYPE_MISMATCH, start, ci, (int64_t)dtype, 0);
+    t->dtype = d->dtype;
+    t->esize = d->esize;
     return 0;
 }
 
