@@ -312,3 +312,59 @@ def test_lying_dims_do_not_allocate():
     with pytest.raises(DecodeError, match="dimension 0 of size 4611686018427387904"):
         decode_one(huge.SerializeToString(), F32)
     assert struct.calcsize("q") == 8
+
+
+def test_tensor_describe_reads_what_a_serialized_tensor_declares():
+    for tf_dtype, _ in DTYPES:
+        proto = tf.io.serialize_tensor(tf.zeros([2, 3], tf_dtype)).numpy()
+        assert _native.tensor_describe(proto) == (tf_dtype.as_datatype_enum, (2, 3))
+    assert _native.tensor_describe(tf.io.serialize_tensor(tf.constant(1.5, tf.bfloat16)).numpy()) == (14, ())
+    filled = tf.make_tensor_proto(7, dtype=tf.int32, shape=[4, 0]).SerializeToString()
+    assert _native.tensor_describe(filled) == (TFDtype.INT32, (4, 0))
+    strings = tf.io.serialize_tensor(tf.constant([b"a"])).numpy()
+    short = tf.io.serialize_tensor(tf.ones([2, 3])).numpy()[:-1]
+    huge = tensor_pb2.TensorProto(dtype=1, tensor_shape={"dim": [{"size": 2**40}]}).SerializeToString()
+    unknown = tensor_pb2.TensorProto(dtype=1, tensor_shape={"unknown_rank": True}).SerializeToString()
+    for raw in (strings, short, huge, unknown, b"", b"\x08", b"not a tensor"):
+        assert _native.tensor_describe(raw) is None, raw
+
+
+def test_inspect_says_which_bytes_columns_are_serialized_tensors(ray_local, tmp_path, capsys):
+    """A file written as Ray's write_tfrecords writes tensor columns: inspect names the schema that reads them."""
+    from ray_tfrecord._src.cli import main
+
+    def f(value):
+        raw = value if isinstance(value, bytes) else tf.io.serialize_tensor(value).numpy()
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
+
+    records = []
+    for i in range(6):
+        feature = {"image": f(tf.fill([2, 3], float(i))), "mask": f(tf.constant([i % 2 == 0])),
+                   "half": f(tf.ones([4], tf.bfloat16)),
+                   # Tensors of two shapes, and plain bytes, are no fixed-shape tensor column.
+                   "ragged": f(tf.zeros([i % 2 + 1])), "label": f(b"cat")}
+        if i == 3:
+            del feature["image"]  # a missing tensor (null) does not vote
+        records.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    path = tf_file(tmp_path, records)
+    assert main(["inspect", path, "--rows", "1"]) == 0
+    hints = [line for line in capsys.readouterr().out.splitlines() if "serialized tensors" in line]
+    assert hints == [
+        "column 'half': bytes that are serialized tensors (bfloat16, shape [4]); read them as tensors with schema= "
+        "holding pa.field('half', pa.fixed_shape_tensor(pa.float32(), [4]), "
+        "metadata={'ray_tfrecord.tensor_dtype': 'bfloat16'})",
+        "column 'image': bytes that are serialized tensors (float32, shape [2, 3]); read them as tensors with "
+        "schema= holding pa.field('image', pa.fixed_shape_tensor(pa.float32(), [2, 3]))",
+        "column 'mask': bytes that are serialized tensors (bool, shape [1]); read them as tensors with schema= "
+        "holding pa.field('mask', pa.fixed_shape_tensor(pa.bool_(), [1]))",
+    ]
+    # The fields the hints spell out read the file's tensors back.
+    fields = [eval(line.split("holding ", 1)[1], {"pa": pa}) for line in hints]
+    with open(path, "rb") as fh:
+        (chunk,) = iter_chunks(fh, path=path)
+    batch = codec.decode(chunk, pa.schema(fields))
+    image = batch.column(1)
+    assert image.is_null().to_pylist() == [i == 3 for i in range(6)]
+    assert ndarray(image.filter(image.is_valid()))[:, 1, 2].tolist() == [0, 1, 2, 4, 5]
+    assert batch.column(0).storage.flatten().to_pylist() == [1.0] * 24
+    assert batch.column(2).storage.flatten().to_pylist() == [1, 0, 1, 0, 1, 0]

@@ -41,7 +41,7 @@ from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFReco
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
 from ray_tfrecord._src.core.manifest import is_object_store
-from ray_tfrecord._src.core.schema import read_stored_schema
+from ray_tfrecord._src.core.schema import read_stored_schema, tensor_hints
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from ray_tfrecord._src.data.read.listing import DataFile, Listing, list_files
@@ -101,6 +101,10 @@ def _recorded_schema(listing: Listing, record_type: str) -> tuple[pa.Schema | No
     return None, None
 
 
+# The rows inspect reads to tell whether a bytes column holds serialized tensors (tensor_hints).
+_TENSOR_SAMPLE_ROWS = 20
+
+
 def _cmd_inspect(args) -> int:
     recorded, root = _recorded_schema(list_files(args.path, partitioning=None), args.record_type)
     with warnings.catch_warnings():
@@ -128,9 +132,12 @@ def _cmd_inspect(args) -> int:
     _ensure_ray(args.num_cpus)
     ds = ray.data.read_datasource(source)
     print(f"records: {ds.count()}")
+    sample = ds.take(max(args.rows, _TENSOR_SAMPLE_ROWS))
     print(f"first {args.rows} rows:")
-    for row in ds.take(args.rows):
+    for row in sample[: args.rows]:
         print("  " + json.dumps({k: _shorten(v) for k, v in row.items()}, default=_jsonable))
+    for hint in tensor_hints(schema, sample):
+        print(hint)
     return 0
 
 

@@ -14,6 +14,7 @@ row's dtype and shape against the column's. Which form a file holds shows in its
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -149,6 +150,43 @@ def message(e: _native.CodecError, t: pa.DataType | None, stream: str) -> str:
     if status == Status.TENSOR_TOO_MANY_VALUES:
         return f"{where} lists {actual} or more values but its shape {shape} holds {expected}"
     return f"{where} holds the value {actual}, outside the range of {dtype_name(expected)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# inspect: bytes columns that hold serialized tensors
+
+
+def sampled_tensors(values: Iterable[object]) -> tuple[TFDtype, tuple[int, ...]] | None:
+    """The dtype and shape of a bytes column's sampled values when every one that is not null is a serialized
+    tensor of that same dtype and shape whose values parse (the native parser, ``_native.tensor_describe``);
+    None otherwise, or when none is set."""
+    found = set()
+    for v in values:
+        if v is None:
+            continue
+        described = _native.tensor_describe(v) if isinstance(v, bytes) else None
+        if described is None:
+            return None
+        found.add(described)
+        if len(found) > 1:
+            return None
+    if not found:
+        return None
+    dtype, shape = found.pop()
+    return TFDtype(dtype), shape
+
+
+def tensor_hint(name: str, dtype: TFDtype, shape: tuple[int, ...]) -> str:
+    """What to tell a user whose bytes column ``name`` holds serialized tensors of ``dtype`` and ``shape``."""
+    dims = list(shape)
+    if dtype == TFDtype.BFLOAT16:
+        field = (f"pa.field({name!r}, pa.fixed_shape_tensor(pa.float32(), {dims}), "
+                 f"metadata={{{DTYPE_KEY.decode()!r}: 'bfloat16'}})")
+    else:
+        arrow = "bool_" if dtype == TFDtype.BOOL else dtype_name(dtype)
+        field = f"pa.field({name!r}, pa.fixed_shape_tensor(pa.{arrow}(), {dims}))"
+    return (f"column {name!r}: bytes that are serialized tensors ({dtype_name(dtype)}, shape {dims}); read them as "
+            f"tensors with schema= holding {field}")
 
 
 # ------------------------------------------------------------------------------------------------

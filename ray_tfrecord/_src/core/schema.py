@@ -32,13 +32,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from . import _native
 from ._contract import Kind, RecordTypeCode, Section, Status
+from ._tensors import sampled_tensors, tensor_hint
 from .codec import BYTE_ARRAY_SCHEMA
 from .errors import DecodeError, SchemaError
 from .framing import RecordChunk
@@ -175,3 +176,15 @@ def _type(s: _Stats, fixed_size_lists: bool) -> pa.DataType:
     if fixed_size_lists and s.kind != Kind.NONE and s.min_count == s.max_count > 1:
         return pa.list_(leaf, s.max_count)
     return pa.list_(leaf)
+
+
+def tensor_hints(schema: pa.Schema, rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """A line for each binary column of ``schema`` whose values in the sampled ``rows`` are serialized tensors
+    of one dtype and shape, naming the ``schema=`` field that reads them as tensors (the CLI's inspect)."""
+    hints = []
+    for field in schema:
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            found = sampled_tensors(row.get(field.name) for row in rows)
+            if found is not None:
+                hints.append(tensor_hint(field.name, *found))
+    return hints

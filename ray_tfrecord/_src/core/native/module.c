@@ -941,6 +941,41 @@ static PyTypeObject EncoderType = {
 /* The module: functions, result types, and the constants Python mirrors as IntEnums          */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Serialized tensors (tensor.h): what one declares, for inspect's hint                         */
+
+/* The scratch row a described tensor's values are parsed into: larger ones are left unchecked. */
+#define TENSOR_DESCRIBE_MAX_BYTES ((size_t)64 << 20)
+
+static PyObject *py_tensor_describe(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0) return NULL;
+    rt_error err = {.status = RT_OK, .record = 0, .col = 0, .offset = -1};
+    Ctx c = {.rec = data.buf, .record = 0, .err = &err};
+    rt_tensor t;
+    int64_t n = 0;
+    const uint8_t *p = data.buf, *end = p + data.len;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (tensor_describe(&c, &t, &n, p, end, 0) == 0 && (size_t)n * (size_t)t.esize <= TENSOR_DESCRIBE_MAX_BYTES) {
+        uint8_t *row = malloc((size_t)n * (size_t)t.esize + 1);
+        ok = row && tensor_parse(&c, &t, n, p, end, row, 0) == 0 ? 1 : row ? 0 : -1;
+        free(row);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (ok < 0) return PyErr_NoMemory();
+    if (!ok) Py_RETURN_NONE;
+    PyObject *shape = PyTuple_New(t.rank);
+    for (int i = 0; shape && i < t.rank; i++) {
+        PyObject *d = PyLong_FromLongLong(t.dims[i]);
+        if (!d) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, i, d);
+    }
+    if (!shape) return NULL;
+    return Py_BuildValue("(iN)", t.dtype, shape);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* JPEG window decode (jpeg.c), where the build found libjpeg-turbo                            */
 
 #ifdef RT_HAVE_JPEG
@@ -973,6 +1008,9 @@ static PyMethodDef methods[] = {
     {"pool_held", py_pool_held, METH_NOARGS, "pool_held() -> int: bytes of recycled buffers kept for reuse"},
     {"inspect", py_inspect, METH_VARARGS, "inspect(buffer, positions, lengths, record_type) -> list[InspectedColumn]"},
     {"byte_array", py_byte_array, METH_VARARGS, "byte_array(buffer, positions, lengths) -> ByteArray"},
+    {"tensor_describe", py_tensor_describe, METH_O,
+     "tensor_describe(data) -> (dtype, shape) | None: a serialized tensor's DT_* code and shape, where its values\n"
+     "parse as that (None: not a serialized tensor of a dtype a tensor column reads, or over 64 MiB, unchecked)"},
 #ifdef RT_HAVE_JPEG
     {"jpeg_window", py_jpeg_window, METH_VARARGS,
      "jpeg_window(data, denom, channels, y, x, h, w, out) -> (status, message): the window decoded into out"},
