@@ -12,8 +12,8 @@ in the decoder, so every reader of a schema (Ray read tasks, splits, the CLI) re
     ...     shape, dtype, default_value = property(lambda s: s[0]), property(lambda s: s[1]), property(lambda s: s[2])
     >>> class DType:
     ...     name = "float32"
-    >>> arrow_schema({"x": FixedLenFeature(([2], DType(), None))})
-    x: fixed_size_list<item: float>[2]
+    >>> arrow_schema({"x": FixedLenFeature(([2], DType(), None))})  # no default_value: required, so not null
+    x: fixed_size_list<item: float>[2] not null
       child 0, item: float
 """
 
