@@ -7,13 +7,20 @@ and Ray's own ``write_tfrecords``; then our ``read_tfrecords`` beside Ray's ``re
 note gives the seconds, the commit's seconds (ours: ``Commit.finish`` on the driver; Ray's file writers
 have no commit) and the requests per data file.
 
+Then concurrent appenders (issue 50): N threads of one driver (``BENCH_APPENDERS``, default 1, 2, 4, 8), each
+appending its share of the same rows (64 files in all) to one dataset at once, released by a barrier: rows
+per second over all of them, and the commits they lost to each other and retried
+(``TFRecordWriteResult.retries``); every id is checked to be there exactly once.
+
     python -m bench --only objectstore
     BENCH_OBJECTSTORES=s3 python -m bench --only objectstore   # one store
+    BENCH_FILE_COUNTS= BENCH_APPENDERS=1,2,4 python -m bench --quick --only objectstore  # appenders only
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -26,7 +33,9 @@ from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
 LATENCY_S = 0.020
 # 200,000 rows as in issue 36, rounded up to a multiple of 1,024 so that every writer's files hold equal rows.
 ROWS = 200_704
-FILE_COUNTS = (64, 1024)
+FILE_COUNTS = tuple(int(n) for n in os.environ.get("BENCH_FILE_COUNTS", "64,1024").split(",") if n)
+APPENDERS = tuple(int(n) for n in os.environ.get("BENCH_APPENDERS", "1,2,4,8").split(",") if n)
+APPENDED_FILES = 64
 BUCKET = "bench"
 _STORES = {"s3": (moto_s3, s3_filesystem, "s3://"), "gcs": (fake_gcs, gcs_filesystem, "gs://")}
 
@@ -108,6 +117,49 @@ def _one_count(kind: str, fs: pafs.FileSystem, proxy: LatencyProxy, ds, files: i
     return out
 
 
+def _appenders(kind: str, fs: pafs.FileSystem, proxy: LatencyProxy, ds, writers: int, mb: float) -> dict:  # type: ignore[no-untyped-def]
+    """``writers`` appends at once, each of its share of ``ds``, to one dataset; every id once, or it raises."""
+    import ray_tfrecord
+
+    rows = ds.count()
+    shares = ds.repartition(APPENDED_FILES).split(writers, equal=True)
+    uri = f"{_STORES[kind][2]}{BUCKET}/appenders-{writers}"
+    barrier = threading.Barrier(writers)
+    results: list = [None] * writers
+
+    def append(n: int) -> None:
+        barrier.wait(timeout=600)
+        results[n] = ray_tfrecord.write_tfrecords(shares[n], uri, filesystem=fs, mode="append",
+                                                  max_rows_per_file=-(-rows // APPENDED_FILES))
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(writers)]
+    proxy.reset()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    requests = proxy.count()
+    if None in results:
+        raise RuntimeError(f"an appender of {writers} failed: see its traceback above")
+    ids = ray_tfrecord.read_tfrecords(uri, filesystem=fs).to_arrow_refs()
+    import ray
+
+    got = np.sort(np.concatenate([t.column("id").to_numpy() for t in ray.get(ids)]))
+    if not np.array_equal(got, np.arange(rows)):  # a lost or duplicated row is the worst bug: not a number
+        raise RuntimeError(f"{writers} appenders: {len(got)} rows read back, {len(np.unique(got))} distinct ids; "
+                           f"expected {rows}")
+    retries = sum(r.retries for r in results)
+    files = sum(r.num_files for r in results)
+    r = {"bench": "objectstore", "dataset": f"{kind}, {writers} concurrent appender{'s' * (writers > 1)}",
+         "impl": "ray_tfrecord write_tfrecords append", "rows_per_s": rows / seconds, "mb_per_s": mb / seconds,
+         "note": f"{seconds:.1f} s; {retries} commit retries over {writers} commits; {requests / files:.1f} "
+                 f"requests per file, {files} files ({LATENCY_S * 1000:.0f} ms a request); every id once"}
+    print(f"  {r['dataset']}: {r['note']}", flush=True)
+    return r
+
+
 def _store_rows(kind: str, ds, mb: float, clock: _CommitClock) -> list[dict]:  # type: ignore[no-untyped-def]
     start, filesystem, _ = _STORES[kind]
     out: list[dict] = []
@@ -115,6 +167,11 @@ def _store_rows(kind: str, ds, mb: float, clock: _CommitClock) -> list[dict]:  #
         fs = filesystem(proxy.endpoint)
         for files in FILE_COUNTS:
             out += _one_count(kind, fs, proxy, ds, files, mb, clock)
+        if APPENDERS:  # warm: Ray's workers started, the S3 client made, as the writers above left them
+            import ray_tfrecord
+
+            ray_tfrecord.write_tfrecords(ds.limit(100), f"{_STORES[kind][2]}{BUCKET}/warm", filesystem=fs)
+        out += [_appenders(kind, fs, proxy, ds, writers, mb) for writers in APPENDERS]
     return out
 
 

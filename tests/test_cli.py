@@ -8,12 +8,15 @@ import warnings
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
 from ray_tfrecord._src.cli import main
 from ray_tfrecord._src.core.index import RecordIndex, index_path
+from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.data.write.commit import Commit
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -140,7 +143,11 @@ def test_convert_parquet_partitioned(ray_local, tmp_path, capsys):
     assert "v" in capsys.readouterr().err
     assert main(argv + ["--allow-float64-narrowing"]) == 0
     assert "wrote 4 records" in capsys.readouterr().out
-    assert sorted(os.listdir(dst)) == ["_SUCCESS", "_tfrecord_schema.arrow", "day=1", "day=2", "day=3"]
+    latest = read_manifest(pafs.LocalFileSystem(), str(dst))  # the log: the empty first version, then the files
+    assert sorted(os.listdir(dst)) == ["_SUCCESS", "_tfrecord_log.00000000000000000001.json",
+                                       "_tfrecord_log.00000000000000000002.json", "_tfrecord_schema.arrow",
+                                       "day=1", "day=2", "day=3"]
+    assert latest is not None and latest.version == 2 and len(latest.entries) == 3
     (f,) = os.listdir(dst / "day=2")
     (rec,) = list(tf.data.TFRecordDataset(str(dst / "day=2" / f), compression_type="GZIP"))
     ex = tf.train.Example.FromString(rec.numpy())
@@ -190,6 +197,20 @@ def test_convert_compression_level_needs_compression_and_a_zlib_level(tmp_path, 
     assert exit_.value.code == 2
     assert "argument --min-rows-per-file: expected a positive number of rows; got '0'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_clean_removes_what_a_killed_first_write_left(tmp_path, capsys):
+    """A first write killed before its commit leaves its staging and the empty version 1 its start committed;
+    clean removes both, so the directory is as before the write."""
+    out = tmp_path / "new"
+    killed = Commit(pafs.LocalFileSystem(), str(out), "error")
+    assert not killed.apply_mode()
+    killed.start()
+    _write(out / "_temporary" / killed.write_id / "part-0.tfrecord", 3)
+    assert sorted(os.listdir(out)) == ["_temporary", "_tfrecord_log.00000000000000000001.json"]
+    assert main(["clean", str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith("1 left by killed or failed writes")
+    assert os.listdir(out) == []
 
 
 def test_clean_refuses_a_missing_path_and_a_file(tmp_path, capsys):

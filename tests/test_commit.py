@@ -5,6 +5,7 @@ staging, the save modes, moves with sidecars first, overwrite's deletions, the r
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -13,9 +14,9 @@ import pytest
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
-from ray_tfrecord._src.core.manifest import read_manifest
+from ray_tfrecord._src.core.manifest import list_versions, read_manifest, read_version
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
-from ray_tfrecord._src.data.write.commit import Commit, StagedFile
+from ray_tfrecord._src.data.write.commit import Commit, StagedFile, log
 from tests.filesystems import DelegatingHandler
 
 LOCAL = pafs.LocalFileSystem()
@@ -98,6 +99,26 @@ def test_overwrite_replaces_every_old_file_and_its_emptied_directories(tmp_path)
     assert _tree(out) == [SUCCESS_MARKER, SCHEMA_FILE, "day=2/new.tfrecord"]
     assert not os.path.exists(out / "day=1")
     assert read_stored_schema(LOCAL, str(out)) == _schema(y=pa.string())
+
+
+def test_replaced_files_stay_the_replacing_writes_keep_replaced_whatever_later_commits_keep(tmp_path):
+    """A write's ``keep_replaced_files`` is recorded in its version: a later commit (and ``ray-tfrecord clean``)
+    with the default 0 keeps what it replaced until then, and deletes it (with its version) after."""
+    out = tmp_path / "out"
+    _write(out, "error", "old.tfrecord")
+    _write(out, "overwrite", "new.tfrecord", keep_replaced=3600)
+    _write(out, "append", "more.tfrecord")  # keep_replaced 0: deletes what is due, not the overwrite's files
+    assert (out / "old.tfrecord").exists()
+    versions = list_versions(LOCAL, str(out))
+    assert [read_version(LOCAL, str(out), v).commit.keep_replaced for v in versions] == [0, 0, 3600, 0]
+    assert log.replaced_recently(LOCAL, str(out), 0) == {str(out / "old.tfrecord")}
+    assert log.expire(LOCAL, str(out), 0, local=True) == []  # versions stay log.LOG_KEEP_S, whatever keep says
+    assert list_versions(LOCAL, str(out)) == versions
+    assert log.expire(LOCAL, str(out), 0, local=True, now=time.time() + 3599) == []
+    assert list_versions(LOCAL, str(out)) == versions[2:]  # the versions that kept nothing went
+    assert log.expire(LOCAL, str(out), 0, local=True, now=time.time() + 3601) == [str(out / "old.tfrecord")]
+    assert not (out / "old.tfrecord").exists() and list_versions(LOCAL, str(out)) == versions[-1:]
+    assert _tree(out) == [SUCCESS_MARKER, SCHEMA_FILE, "more.tfrecord", "new.tfrecord"]
 
 
 def test_append_keeps_the_old_files_and_merges_the_recorded_schema(tmp_path):
@@ -235,7 +256,7 @@ def test_a_checkpointed_overwrite_replaces_the_old_files_at_the_jobs_commit_only
     assert version is not None and version.version == result.version
     assert [e.rel_path for e in version.entries] == [f"part-00000-{'a' * 32}-0.tfrecord"]
     assert sorted(version.commit.removed) == ["k=1/old-1.tfrecord", "old-0.tfrecord"]
-    assert (out / "old-0.tfrecord").exists()  # kept for reads planned before (keep_replaced, an hour)
+    assert not (out / "old-0.tfrecord").exists()  # replaced at the job's commit: deleted then (keep_replaced 0)
 
 
 def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_path):

@@ -8,10 +8,14 @@ commit replaced them; a ``mode="error"`` write that loses to another gets a ``Co
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import posixpath
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -25,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 BUCKET = "race"
 _SPAWN = multiprocessing.get_context("spawn")  # a fresh interpreter each: no pyarrow state forked
 _SERVERS = {"s3": (moto_s3, s3_filesystem), "gcs": (fake_gcs, gcs_filesystem)}
+_REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module", params=["local", "s3", "gcs"])
@@ -187,8 +192,9 @@ def test_readers_polling_during_overwrites_see_one_version(store):
         stop, counts = manager.Event(), manager.list()
         readers = [pool.apply_async(_poll, (store, name, stop, counts)) for _ in range(2)]
         _until(lambda: len(counts) >= 2)  # the readers are polling
-        for n in range(6):  # overwrites of 4 or 2 files, kept the default hour
-            _write(store, name, "overwrite", [f"part-{{id}}-{k}.tfrecord" for k in range(4 if n % 2 else 2)])
+        for n in range(6):  # overwrites of 4 or 2 files, kept for the reads planned before
+            _write(store, name, "overwrite", [f"part-{{id}}-{k}.tfrecord" for k in range(4 if n % 2 else 2)],
+                   keep_replaced=3600)
             _until(lambda polled=len(counts): len(counts) > polled)  # a poll at least between two commits
         stop.set()
         assert [r.get(timeout=60) for r in readers] == [None, None]
@@ -202,7 +208,7 @@ def test_a_read_of_files_an_overwrite_replaced_and_expired_names_that_commit(sto
     root = _root(store, name)
     _write(store, name, "error", ["part-{id}-old.tfrecord"])
     planned = read_manifest(fs, root)
-    _write(store, name, "overwrite", ["part-{id}-new.tfrecord"], keep_replaced=0)
+    _write(store, name, "overwrite", ["part-{id}-new.tfrecord"])  # the default: replaced files go at the commit
     old = posixpath.join(root, planned.entries[0].rel_path)
     with pytest.raises(TFRecordError) as caught:
         with explain_missing(fs, old):
@@ -210,5 +216,66 @@ def test_a_read_of_files_an_overwrite_replaced_and_expired_names_that_commit(sto
     message = str(caught.value)
     assert message.startswith(f"{old}: this read was planned against an earlier version of the dataset; version 3 "
                               "(mode='overwrite' of every partition, committed "), message
-    assert "replaced this file, and it was deleted once kept for that write's keep_replaced_files; read the " \
-           "dataset again, or give writes a longer keep_replaced_files than a read takes" in message
+    assert "replaced this file, and it was deleted at that commit (that write's keep_replaced_files=0); read the " \
+           "dataset again, or give the writer keep_replaced_files=<seconds a read takes> where reads run while the " \
+           "dataset is overwritten: replaced files then stay that long for reads already planned" in message
+
+
+# -- driver processes sharing one Ray ---------------------------------------------------------------
+
+_SCHEMES = {"local": "", "s3": "s3://", "gcs": "gs://"}
+
+
+def append_driver(address: str, store, name: str, ids: list[int], ready: str, go: str) -> None:
+    """A Ray job of its own on the shared cluster at ``address``: prepares its rows, says ``ready``, waits for
+    ``go`` and appends them with ``write_tfrecords``."""
+    import ray
+
+    from ray_tfrecord import write_tfrecords
+
+    ray.init(address=address, log_to_driver=False)
+    ds = ray.data.from_items([{"id": i} for i in ids], override_num_blocks=2).materialize()
+    open(ready, "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go):  # the test creates it once every driver is ready
+        assert time.monotonic() < deadline, "never released"
+        time.sleep(0.005)
+    result = write_tfrecords(ds, _SCHEMES[store[0]] + _root(store, name), filesystem=_fs(store), mode="append")
+    print("RESULT " + json.dumps({"rows": result.num_rows, "version": result.version, "retries": result.retries}))
+    ray.shutdown()
+
+
+def test_driver_processes_on_one_ray_append_at_once_and_keep_every_id_once(ray_local, store, tmp_path):
+    """Three driver processes, each a job on the test's Ray, append through ``write_tfrecords`` at once."""
+    import ray
+
+    from ray_tfrecord import read_tfrecords
+
+    if store[0] == "gcs":
+        pytest.skip("pyarrow's GCS filesystem needs the emulator's environment in each driver; the protocol's "
+                    "GCS races are above")
+    name, drivers = "drivers", 3
+    address = ray.get_runtime_context().gcs_address
+    go = tmp_path / "go"
+    shares = [list(range(1000 * d, 1000 * d + 200)) for d in range(drivers)]
+    code = ("import json, sys; from tests.test_concurrent_writes import append_driver; "
+            "append_driver(*json.loads(sys.argv[1]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps([address, store, name, ids,
+                                                                         str(tmp_path / f"ready-{d}"), str(go)])],
+                              cwd=_REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for d, ids in enumerate(shares)]
+    try:
+        _until(lambda: all((tmp_path / f"ready-{d}").exists() or procs[d].poll() is not None
+                           for d in range(drivers)), timeout=180)
+        go.touch()
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * drivers, [o[-3000:] for o in outputs]
+    results = [json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for o in outputs]
+    assert [r["rows"] for r in results] == [200] * drivers
+    assert len({r["version"] for r in results}) == drivers  # each its own version of the log
+    rows = read_tfrecords(_SCHEMES[store[0]] + _root(store, name), filesystem=_fs(store)).take_all()
+    assert sorted(r["id"] for r in rows) == sorted(i for ids in shares for i in ids)  # every id, exactly once

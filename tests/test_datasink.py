@@ -20,6 +20,7 @@ from ray_tfrecord._src.core.index import RecordIndex, build_index, index_path, i
 from ray_tfrecord._src.data.compat import TaskContext
 from ray_tfrecord._src.data.read.listing import list_files
 from ray_tfrecord._src.data.write.datasink import TFRecordDatasink
+from tests.test_faults import log_entries
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -37,9 +38,11 @@ def visible_files(root) -> list:
 
 
 def root_entries(root, *names) -> list:
-    """What a committed dataset's root holds: the markers, ``names`` and one sidecar per data file."""
+    """What a committed dataset's root holds: the markers, ``names``, one sidecar per data file and the log's
+    versions, every one up to the latest (none has expired: they are younger than ``LOG_KEEP_S``)."""
     sidecars = [os.path.basename(index_path(f)) for f in visible_files(root)]
-    return sorted(["_SUCCESS", "_tfrecord_schema.arrow", *names, *sidecars])
+    return sorted(["_SUCCESS", "_tfrecord_schema.arrow", *log_entries(root), *names, *sidecars])
+
 
 
 def words_dataset():

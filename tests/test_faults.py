@@ -24,6 +24,7 @@ from typing import Dict, Iterable, Iterator, List, Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pytest
 import ray
 import ray.cloudpickle
@@ -31,8 +32,10 @@ from ray.data.context import DataContext
 from ray.data.datasource import ReadTask
 
 from ray_tfrecord import encode, read_tfrecords, write_tfrecords
+from ray_tfrecord._src.cli import main as cli
 from ray_tfrecord._src.core.framing import RecordWriter
 from ray_tfrecord._src.core.index import index_path
+from ray_tfrecord._src.core.manifest import read_manifest, version_path
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from ray_tfrecord._src.data.write.datasink import TFRecordDatasink
 
@@ -80,6 +83,13 @@ def assert_rows_exactly_once(rows: List[Dict], ids: List[int]) -> None:
     assert len(rows) == len(ids)
     assert sorted(r["id"] for r in rows) == sorted(ids)  # none lost, none repeated
     assert checksum(rows) == expected_checksum(ids)  # and each with its own payload
+
+
+def log_entries(root) -> list[str]:
+    """The names of the log's versions 1 to the latest: none has expired (younger than ``log.LOG_KEEP_S``)."""
+    latest = read_manifest(pafs.LocalFileSystem(), str(root))
+    assert latest is not None and latest.commit is not None
+    return [os.path.basename(version_path(str(root), v)) for v in range(1, latest.version + 1)]
 
 
 def visible_files(root: Path) -> List[str]:
@@ -209,7 +219,8 @@ def test_killed_write_worker_is_retried_and_commits_once(ray_local, tmp_path):
     # ...none of which survives: the commit moved only what the successful attempt
     # returned and then removed the whole staging directory.
     assert not any(os.path.exists(f) for f in staged_by_killed_attempt)
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow"] + [os.path.basename(p) for p in sink.result.files]
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", *log_entries(out)]
+                                             + [os.path.basename(p) for p in sink.result.files]
                                              + [os.path.basename(index_path(p)) for p in sink.result.files])
     assert visible_files(out) == sorted(sink.result.files)
     assert not set(old_files) & set(visible_files(out))
@@ -273,7 +284,7 @@ def write_in_own_cluster(src: str, out: str, mode: str, marker: Optional[str]) -
     else:
         sink = TFRecordDatasink(out, mode=mode, max_rows_per_file=2000)
     read_tfrecords(src).write_datasink(sink)
-    print(json.dumps({"rows": sink.result.num_rows, "files": sink.result.files}))
+    print(json.dumps({"rows": sink.result.num_rows, "files": sink.result.files, "version": sink.result.version}))
     ray.shutdown()
 
 
@@ -300,8 +311,9 @@ def test_killed_driver_leaves_old_dataset_and_retry_succeeds(ray_local, tmp_path
     if mode == "overwrite":
         assert (out / "_SUCCESS").stat().st_mtime_ns == old_success
         assert_rows_exactly_once(read_back(out), old_ids)
-    else:
-        assert os.listdir(out) == ["_temporary"]
+    else:  # the first version start() committed, before any file landed: an empty dataset
+        assert sorted(os.listdir(out)) == ["_temporary", os.path.basename(version_path(str(out), 1))]
+        assert read_manifest(pafs.LocalFileSystem(), str(out)).entries == []
 
     retry = run_driver("write_in_own_cluster", str(tmp_path / "src"), str(out), mode, None)
     assert retry.returncode == 0, retry.stderr[-3000:]
@@ -313,6 +325,13 @@ def test_killed_driver_leaves_old_dataset_and_retry_succeeds(ray_local, tmp_path
     # The killed write's staging stays behind, hidden; the retry removed only its own.
     killed_write_id = Path(staged[0]).relative_to(out / "_temporary").parts[0]
     assert os.listdir(out / "_temporary") == [killed_write_id]
+    # `ray-tfrecord clean` removes it, and every version but the retry's.
+    assert cli(["clean", str(out)]) == 0
+    assert result["version"] == read_manifest(pafs.LocalFileSystem(), str(out)).version
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", *log_entries(out),
+                                              *{os.path.relpath(f, out).split("/")[0] for f in result["files"]},
+                                              *(os.path.basename(index_path(f)) for f in result["files"])])
+    assert_rows_exactly_once(read_back(out), ids)
 
 
 # -- object store much smaller than the data ---------------------------------------------

@@ -104,9 +104,13 @@ def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):
     before = frozenset(e.rel_path for e in read_manifest(store.fs, store.path("modes")).entries)
     write_tfrecords(_rows(range(80, 90)), uri, filesystem=store.fs, mode="overwrite", compression="gzip")
     assert store.ids("modes") == list(range(80, 90))
-    _committed_only(store, "modes", replaced=before)  # kept keep_replaced_files (an hour), read by no one new
+    _committed_only(store, "modes")  # the replaced files went at the commit (keep_replaced_files=0, the default)
     assert sorted(read_manifest(store.fs, store.path("modes")).commit.removed) == sorted(before)
     assert all(k.endswith(".tfrecord.gz") for k in store.keys("modes") if k.startswith("part-"))
+    replaced = frozenset(e.rel_path for e in read_manifest(store.fs, store.path("modes")).entries)
+    write_tfrecords(_rows(range(90, 95)), uri, filesystem=store.fs, mode="overwrite", keep_replaced_files=3600)
+    assert store.ids("modes") == list(range(90, 95))
+    _committed_only(store, "modes", replaced=replaced)  # kept for reads planned before, read by no one new
 
 
 def test_split_reads_use_the_manifest_index(ray_local, store, monkeypatch):

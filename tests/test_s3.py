@@ -13,6 +13,7 @@ from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.framing import RecordWriter, frame_records
 from ray_tfrecord._src.core.index import build_index, is_index_path, write_index
+from ray_tfrecord._src.core.manifest import version_path
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from tests.filesystems import moto_s3, s3_filesystem
 
@@ -40,9 +41,11 @@ def test_partitioned_write_and_read_on_s3(ray_local, s3):
     assert f"{BUCKET}/words/_SUCCESS" in keys
     assert not any("_temporary" in k for k in keys)
     assert {k.split("/")[2] for k in keys if k.count("/") == 3} == {"number=1", "number=2", "number=8"}
-    # No sidecars on an object store: the manifest holds every file's index, and lists exactly the files.
+    # No sidecars on an object store: the write's version of the log holds every file's index, and lists
+    # exactly the files; no manifest of the layout before the log.
     assert not any(is_index_path(k) for k in keys)
-    with s3.open_input_stream(f"{BUCKET}/words/_tfrecord_manifest.json") as f:
+    assert f"{BUCKET}/words/_tfrecord_manifest.json" not in keys
+    with s3.open_input_stream(version_path(f"{BUCKET}/words", result.version)) as f:
         manifest = json.loads(f.read())["files"]
     assert sorted(f"{BUCKET}/words/{e['path']}" for e in manifest) == sorted(result.files)
     assert all(e["index"] for e in manifest) and sum(e["rows"] for e in manifest) == 30

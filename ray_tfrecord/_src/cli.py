@@ -233,7 +233,9 @@ def _cmd_clean(args) -> int:
         print(f"{'would delete' if args.dry_run else 'deleting'}: {p}")
     if not args.dry_run:
         dataset_files.remove(fs, found)
-        log.expire(fs, path, args.keep_replaced, local=not is_object_store(compat.unwrap_filesystem(fs)))
+        local = not is_object_store(compat.unwrap_filesystem(fs))
+        log.expire(fs, path, args.keep_replaced, local=local)
+        dataset_files.remove_empty_first_version(fs, path, local=local)
     print(f"{len(found)} left by killed or failed writes{' (dry run: nothing deleted)' if args.dry_run else ''}")
     return 0
 
@@ -348,7 +350,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "write's files are not listed yet.")
     p.add_argument("path", help="the dataset directory (local, s3://, gs://, ...)")
     p.add_argument("--keep-replaced", type=float, default=DEFAULT_KEEP_REPLACED_S, metavar="SECONDS",
-                   help="keep files replaced less than this long ago, for reads planned before "
+                   help="keep files replaced less than this long ago, for reads planned before; files a write "
+                        "kept with keep_replaced_files stay that long whatever this says "
                         f"(default: {DEFAULT_KEEP_REPLACED_S:g}, as write_tfrecords' keep_replaced_files)")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.set_defaults(fn=_cmd_clean)

@@ -39,6 +39,9 @@ from .public import public
 _READABLE = (1, 2)
 _FORMAT = 2
 _DIGITS = 20
+# Listings of the log a read of the latest version may take, each version expired (by writes that committed
+# after it) between the listing and the read.
+_RELISTS = 20
 _VERSION_NAME = re.compile(rf"{re.escape(LOG_PREFIX)}(\d{{{_DIGITS}}})\.json")
 # pyarrow's type names of the filesystems without directories or renames.
 _OBJECT_STORES = ("s3", "gcs")
@@ -71,6 +74,7 @@ class CommitInfo:
     # (a partition overwrite); none for an append.
     replaced: tuple[str, ...] | None
     removed: tuple[str, ...] = ()  # the files of the version before that it no longer lists
+    keep_replaced: float = 0.0  # the write's keep_replaced_files: seconds ``removed`` stay for reads planned before
 
     def describe(self) -> str:
         """The commit in a message: ``version 7 (mode='overwrite' of every partition, committed ... by write ...)``."""
@@ -121,7 +125,8 @@ class Manifest:
         if self.commit is not None:
             c = self.commit
             doc["commit"] = {"version": c.version, "mode": c.mode, "time": c.time, "write_id": c.write_id,
-                             "replaced": None if c.replaced is None else list(c.replaced), "removed": list(c.removed)}
+                             "replaced": None if c.replaced is None else list(c.replaced), "removed": list(c.removed),
+                             "keep_replaced": c.keep_replaced}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -133,7 +138,8 @@ class Manifest:
             commit = None
             if (c := doc.get("commit")) is not None:
                 commit = CommitInfo(int(c["version"]), str(c["mode"]), float(c["time"]), str(c["write_id"]),
-                                    None if c["replaced"] is None else tuple(c["replaced"]), tuple(c["removed"]))
+                                    None if c["replaced"] is None else tuple(c["replaced"]), tuple(c["removed"]),
+                                    float(c.get("keep_replaced", 0.0)))
             return cls([Entry(f["path"], int(f["size"]), f["rows"],
                               None if f["index"] is None else base64.b64decode(f["index"])) for f in doc["files"]],
                        commit)
@@ -171,9 +177,19 @@ def read_manifest(fs: pafs.FileSystem, root: str, *, name: str | None = None) ->
     """The dataset at ``root``: its latest version, or the manifest of a dataset from before the log;
     ``None`` if it has neither. ``name``: a checkpointed task's record of its files instead, in the same form."""
     if name is None:
-        versions = list_versions(fs, root)
-        if versions:
-            return read_version(fs, root, versions[-1])  # the latest is never vacuumed
+        for _ in range(_RELISTS):
+            versions = list_versions(fs, root)
+            if not versions:
+                break
+            try:
+                return read_version(fs, root, versions[-1])
+            except FileNotFoundError:
+                # Expired between the listing and the read: a version goes only once a later one is committed,
+                # so the next listing finds that one.
+                continue
+        else:
+            raise TFRecordError(f"the dataset's latest version was expired by newer commits {_RELISTS} times while "
+                                "this read listed the log; read it again", path=root)
         name = MANIFEST_FILE
     try:
         return _read(fs, posixpath.join(root, name))
@@ -212,14 +228,19 @@ def missing_file_error(fs: pafs.FileSystem, path: str) -> TFRecordError:
     rel = posixpath.relpath(path, root)
     commit = removed_by(fs, root, rel)
     if commit is not None:
+        when = "at that commit" if commit.keep_replaced == 0 else f"{commit.keep_replaced:g} s after it"
         return TFRecordError(f"this read was planned against an earlier version of the dataset; {commit.describe()} "
-                             "replaced this file, and it was deleted once kept for that write's "
-                             "keep_replaced_files; read the dataset again, or give writes a longer "
-                             "keep_replaced_files than a read takes", path=path)
-    return TFRecordError("the file is gone, and no commit still in the dataset's log removed it: a commit's "
-                         "expired versions go with the files they replaced, else something other than ray_tfrecord "
-                         "deleted it; read the dataset again, and if its latest version still lists the file, "
-                         "restore it (the store's object versioning, a backup)", path=path)
+                             f"replaced this file, and it was deleted {when} (that write's keep_replaced_files="
+                             f"{commit.keep_replaced:g}); read the dataset again, or give the writer "
+                             "keep_replaced_files=<seconds a read takes> where reads run while the dataset is "
+                             "overwritten: replaced files then stay that long for reads already planned", path=path)
+    return TFRecordError("the file is gone, and no commit still in the dataset's log removed it: either a commit "
+                         "replaced it and its version has expired since (the log keeps a version as long as its "
+                         "write's keep_replaced_files keeps the files it replaced, then the next commit deletes "
+                         "both), or something other than ray_tfrecord deleted it; read the dataset again, and if "
+                         "its latest version still lists the file, restore it (the store's object versioning, a "
+                         "backup); where reads run while the dataset is overwritten, give the writer "
+                         "keep_replaced_files=<seconds a read takes>", path=path)
 
 
 @contextlib.contextmanager

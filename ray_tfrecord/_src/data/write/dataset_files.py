@@ -22,7 +22,7 @@ from ray_tfrecord._src.core.layout import (
     SUCCESS_MARKER,
     is_hidden,
 )
-from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest
+from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest, version_path
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -127,3 +127,18 @@ def remove_orphan_sidecars(fs: pafs.FileSystem, path: str) -> None:
         if rel not in present:
             fs.delete_file(sidecar)
     remove_empty_dirs(fs, path, {e.path for e in listing if e.type == pafs.FileType.Directory})
+
+
+def remove_empty_first_version(fs: pafs.FileSystem, path: str, *, local: bool) -> None:
+    """After ``orphans`` went: remove an empty ``_temporary`` (on a filesystem with directories, ``local``), and
+    the log's empty version 1 when it is all the dataset holds: a killed first write's (``Commit.start`` commits
+    it before any file lands). Kept while a checkpointed job's staging remains: its rerun continues there."""
+    staging = posixpath.join(path, STAGING_DIR)
+    if fs.get_file_info(pafs.FileSelector(staging, allow_not_found=True)):
+        return
+    if local and fs.get_file_info(staging).type == pafs.FileType.Directory:
+        fs.delete_dir(staging)
+    entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    first = version_path(path, 1)
+    if [e.path for e in entries] == [first] and (m := read_manifest(fs, path)) is not None and not m.entries:
+        fs.delete_file(first)

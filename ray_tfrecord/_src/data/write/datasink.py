@@ -119,10 +119,12 @@ class TFRecordDatasink(_Base):
         partition_overwrite: With ``mode="overwrite"`` and ``partition_cols``: ``"static"`` (default)
             replaces the whole dataset; ``"dynamic"`` replaces only the partitions present in the new
             rows and keeps the others (Spark's ``partitionOverwriteMode=dynamic``): a backfill of one day.
-        keep_replaced_files: Seconds the files an ``overwrite`` replaces stay after its commit, so that
-            reads planned before it finish (our readers never see them: they read one committed
-            version). A later write, or ``ray-tfrecord clean``, deletes them once older. ``0`` deletes
-            them at the commit, for foreign readers that glob the directory (``tf.data``). Default: an hour.
+        keep_replaced_files: Seconds the files an ``overwrite`` replaces stay after its commit, for reads
+            of ours planned before it (they read one committed version, so they never see old and new
+            together). Default ``0``: deleted at the commit, so a ``tf.data`` glob of the directory never
+            sees both; a read planned before then fails, naming the commit. Set it (to the seconds a read
+            takes) for datasets read while they are overwritten; a glob then matches the replaced files too
+            until a later write, or ``ray-tfrecord clean``, deletes them.
 
     Concurrent writes to one dataset (appends from several jobs, backfills, an overwrite) each commit a
     version of its log; an append never conflicts, and the rest end as if one ran after the other

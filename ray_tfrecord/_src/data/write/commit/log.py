@@ -8,9 +8,10 @@ latest version in the partitions it replaces (all, or those it wrote), so the ou
 commits in their log order, whatever ran when. Only a write that wants no dataset there (``mode="error"``
 or ``"ignore"``) can lose for good: another write created one meanwhile.
 
-Replaced files are not deleted at the commit: readers that planned against an earlier version are still
-reading them. Each commit (and ``ray-tfrecord clean``) deletes those replaced more than ``keep`` seconds
-ago, and the log's versions from then, except the latest.
+Replaced files stay the replacing write's ``keep_replaced_files`` seconds (recorded in its version), for
+readers that planned against an earlier version; with 0, the default, the write deletes them right after its
+commit (``delete_replaced``). Each commit (and ``ray-tfrecord clean``) deletes the files kept longer than that,
+and the log's versions older than ``LOG_KEEP_S`` (and than the files they kept), except the latest.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 # times in a row gives up. The wait between tries grows to _MAX_WAIT_S, jittered so that losers spread out.
 _ATTEMPTS = 200
 _MAX_WAIT_S = 2.0
+#: How long a version of the log stays at least, whatever ``keep_replaced_files`` says. A writer that listed the
+#: log (finding n the latest) creates n + 1 within half of it, or lists again (``commit``): it must never re-create
+#: a number another write committed and a later commit expired meanwhile, a version no reader would read.
+LOG_KEEP_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Change:
     # directories ("" for files at the root); () for an append.
     replaces: tuple[str, ...] | None
     must_be_first: bool = False  # mode="error"/"ignore": there must be no dataset when it commits
+    keep_replaced: float = 0.0  # seconds what it replaces stays for reads planned before (keep_replaced_files)
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ def commit(fs: pafs.FileSystem, store: pafs.FileSystem, root: str, change: Chang
     retrying wrapper), ``store`` is what it wraps (its type picks the precondition). Raises ``ConflictError``
     when ``change.must_be_first`` and another write committed a dataset first."""
     for attempt in range(_ATTEMPTS):
+        listed_at = time.monotonic()
         latest = read_manifest(fs, root)
         if latest is None:  # the first version: the files written before the log (none for a new dataset)
             latest = Manifest(listed_entries(fs, root))
@@ -83,6 +90,8 @@ def commit(fs: pafs.FileSystem, store: pafs.FileSystem, root: str, change: Chang
                 f"{_described(latest)}; nothing of this write is visible. Write again with mode='append' or "
                 "mode='overwrite' to write there anyway", path=root, other=latest.commit)
         version = _rebased(change, latest)
+        if time.monotonic() - listed_at > LOG_KEEP_S / 2:
+            continue  # stalled: n + 1 may have been committed and expired since the listing
         if create_if_absent(store, version_path(root, version.version), version.to_bytes()):
             if latest.commit is None and latest.entries:
                 # The dataset moved to the log: a manifest left beside it would be stale for readers of before.
@@ -104,7 +113,8 @@ def _rebased(change: Change, latest: Manifest) -> Manifest:
     removed = [e.rel_path for e in latest.entries if e.rel_path not in ours and _replaced(change.replaces, e.rel_path)]
     gone = set(removed) | ours
     kept = [e for e in latest.entries if e.rel_path not in gone]
-    info = CommitInfo(latest.version + 1, change.mode, time.time(), change.write_id, change.replaces, tuple(removed))
+    info = CommitInfo(latest.version + 1, change.mode, time.time(), change.write_id, change.replaces, tuple(removed),
+                      change.keep_replaced)
     return Manifest(kept + list(change.added), info)
 
 
@@ -120,46 +130,58 @@ def partitions_of(rel_paths: Iterable[str]) -> tuple[str, ...]:
 
 
 def expire(fs: pafs.FileSystem, root: str, keep: float, *, local: bool, now: float | None = None) -> list[str]:
-    """Delete the files that commits at least ``keep`` seconds old replaced (with their sidecars, and on a
-    filesystem with directories, ``local``, the partition directories left empty), then those versions of
-    the log, never the latest; returns the data files deleted. Only those versions are read (the listing's
-    times tell them apart), so a commit reads none or the few that expired since the last."""
+    """Delete the files that commits older than ``keep`` and their own ``keep_replaced`` (when positive: with 0
+    the commit deleted them itself) replaced, with their sidecars and, on a filesystem with directories,
+    ``local``, the partition directories left empty; then those versions of the log, if older than
+    ``LOG_KEEP_S``, never the latest. Returns the data files deleted. Only versions older than both are read (the
+    listing's times tell them apart), each about once: a commit reads none, or the few that came of age."""
     now = time.time() if now is None else now
-    versions = list_versions(fs, root)
-    if not versions:
+    entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    by_version = {v: e for e in entries for path, v in versions_listed([e]).items()}
+    versions = sorted(by_version)
+    ages = {v: _age(by_version[v], now) for v in versions}
+    old = [v for v in versions[:-1] if ages[v] >= max(keep, LOG_KEEP_S)]
+    if not old:
         return []
-    infos = _version_infos(fs, root)
-    due = [v for v in versions if keep == 0 or _age(infos.get(version_path(root, v)), now) >= keep]
-    removed: set[str] = set()
-    for v in due:
-        with contextlib.suppress(FileNotFoundError):  # expired by another writer meanwhile
-            commit = read_version(fs, root, v).commit
-            if commit is not None:
-                removed.update(posixpath.join(root, p) for p in commit.removed)
-    if not due or not removed and due == versions[-1:]:
-        return []
-    latest = read_version(fs, root, versions[-1]).paths(root)
-    files = sorted(removed - latest)
-    # Sidecars exist where files are renamed into place; on an object store the version holds the index.
-    delete_quietly(fs, [*files, *(c for p in files if local for c in index_candidates(p))])
-    if local:
-        remove_empty_dirs(fs, root, {posixpath.dirname(p) for p in files})
-    delete_quietly(fs, [version_path(root, v) for v in due if v != versions[-1]])
+    commits = parallel(lambda v: _commit_of(fs, root, v), old)
+    due = [(v, c) for v, c in zip(old, commits) if c is None or ages[v] >= c.keep_replaced]
+    removed = {posixpath.join(root, p) for _, c in due if c is not None and c.keep_replaced > 0 for p in c.removed}
+    files = sorted(removed - read_version(fs, root, versions[-1]).paths(root)) if removed else []
+    _delete_files(fs, root, files, local=local)
+    delete_quietly(fs, [version_path(root, v) for v, _ in due])
     return files
 
 
+def delete_replaced(fs: pafs.FileSystem, root: str, version: Manifest, *, local: bool) -> None:
+    """Right after ``version`` committed, delete the files it replaced (``keep_replaced_files=0``)."""
+    if version.commit is not None:
+        _delete_files(fs, root, sorted(posixpath.join(root, p) for p in version.commit.removed), local=local)
+
+
+def _delete_files(fs: pafs.FileSystem, root: str, files: Sequence[str], *, local: bool) -> None:
+    # Sidecars exist where files are renamed into place; on an object store the version holds the index.
+    delete_quietly(fs, [*files, *(c for p in files if local for c in index_candidates(p))])
+    if local and files:
+        remove_empty_dirs(fs, root, {posixpath.dirname(p) for p in files})
+
+
+def _commit_of(fs: pafs.FileSystem, root: str, version: int) -> CommitInfo | None:
+    """Version ``version``'s commit; ``None`` when it has none, or another writer expired it meanwhile."""
+    with contextlib.suppress(FileNotFoundError):
+        return read_version(fs, root, version).commit
+    return None
+
+
 def replaced_recently(fs: pafs.FileSystem, root: str, keep: float, now: float | None = None) -> set[str]:
-    """The files that commits within the last ``keep`` seconds replaced: readers may still be reading them."""
+    """The files that commits within the last ``keep`` seconds, or within their own ``keep_replaced``, replaced:
+    readers may still be reading them."""
     now = time.time() if now is None else now
     versions = list_versions(fs, root)
     infos = _version_infos(fs, root) if versions else {}
     found: set[str] = set()
-    for v in versions:
-        if _age(infos.get(version_path(root, v)), now) <= keep:
-            with contextlib.suppress(FileNotFoundError):
-                commit = read_version(fs, root, v).commit
-                if commit is not None:
-                    found.update(posixpath.join(root, p) for p in commit.removed)
+    for v, commit in zip(versions, parallel(lambda v: _commit_of(fs, root, v), versions)):
+        if commit is not None and _age(infos.get(version_path(root, v)), now) <= max(keep, commit.keep_replaced):
+            found.update(posixpath.join(root, p) for p in commit.removed)
     return found
 
 

@@ -11,9 +11,10 @@ ARCHITECTURE.md ("Write") and docs/cloud-storage.md ("How a write commits") give
    records the schema and commits the next version of the dataset's log (``log.commit``: a
    create-if-absent, retried on the latest version when another write took the number). That is the
    commit point: our readers read exactly the files of the latest version, so they see the dataset
-   before or after, never a part. Then ``_SUCCESS``; then it deletes what commits more than
-   ``keep_replaced`` seconds ago replaced (``log.expire``), so readers that planned against the
-   version before this one finish. A failed write calls ``Commit.abort``.
+   before or after, never a part. Then ``_SUCCESS``; then it deletes the files it replaced, with
+   ``keep_replaced`` 0 (the default; ``log.delete_replaced``), and what commits kept longer ago than their
+   ``keep_replaced`` (``log.expire``), so that readers that planned against an earlier version finish
+   where the writer asked for it. A failed write calls ``Commit.abort``.
 
 Under Ray's job checkpointing (``DataContext.checkpoint_config``, Ray 2.60) Ray records a task's ids as
 done when the task returns, and a rerun skips them: the task's files must be in place by then. Ray writes
@@ -94,8 +95,10 @@ _SCHEMA_RECORD = ".schema"
 _FILES_RECORD = ".files"
 _UNRECORDED = "_unrecorded"
 _OVERWRITE = "_overwrite"
-#: How long a commit keeps the files it replaced, by default: readers that planned before it finish.
-DEFAULT_KEEP_REPLACED_S = 3600.0
+#: How long a commit keeps the files it replaced, by default: none, so that a reader globbing the directory
+#: (``tf.data``) never sees old and new rows together; readers of ours that planned before it then fail, naming
+#: the commit and ``keep_replaced_files``.
+DEFAULT_KEEP_REPLACED_S = 0.0
 
 
 def checkpoint_file_base(task_idx: int, write_uuid: str) -> str:
@@ -163,7 +166,8 @@ class Commit:
         caller_names: Whether the caller names the files (a ``FilenameProvider``): staged, as they could clash.
         partitions_only: For ``overwrite``: replace only the partition directories the write writes
             (Spark's dynamic partition overwrite), keeping the others.
-        keep_replaced: Seconds the files a commit replaces stay, for readers that planned before it.
+        keep_replaced: Seconds the files this commit replaces stay, for readers that planned before it
+            (recorded in its version, so later commits and ``ray-tfrecord clean`` honour it).
 
     The object is pickled into the writers along with the datasink; only ``staging``,
     ``object_store`` and ``filesystem`` matter there.
@@ -348,7 +352,8 @@ class Commit:
             self._record_schema(schemas, self.mode == "append" and self.has_data())
         scope = (None if not self.partitions_only else log.partitions_of(e.rel_path for e in new)) if replaces else ()
         change = log.Change(self.mode, self.write_id, new, scope,
-                            must_be_first=self.mode in ("error", "ignore") and not checkpointed)
+                            must_be_first=self.mode in ("error", "ignore") and not checkpointed,
+                            keep_replaced=self.keep_replaced)
         try:
             committed = log.commit(fs, self._store, self.path, change)
         except ConflictError:
@@ -364,6 +369,8 @@ class Commit:
             mine = f"part-*-{self.write_id}-*"
             log.delete_quietly(fs, [p for p in unlisted_files(fs, self.path, committed.version)
                                     if fnmatch.fnmatch(posixpath.basename(p), mine)])
+        if self.keep_replaced == 0:
+            log.delete_replaced(fs, self.path, committed.version, local=not self.object_store)
         log.expire(fs, self.path, self.keep_replaced, local=not self.object_store)
         if checkpointed:
             # Ray's recovery deletes a killed task's files, not their sidecars. The staging directory goes last:
