@@ -7,7 +7,8 @@ driver inside its final commit) and signals it with a marker file; the test then
 driver's whole process group, as an operator's ``kill -9`` or a lost head node would, and runs
 the job again. Every case ends with every id exactly once, each with its own payload, the recorded
 schema, ``_SUCCESS`` and index sidecars as an uninterrupted run leaves them, and no ``_temporary``.
-While killed, every file a reader sees is complete and holds no id twice.
+While killed, our readers see exactly the dataset's last committed version: the job's files in place are
+listed by no version of the log until the job's commit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ray.data.context import DataContext
 from ray_tfrecord import read_tfrecords, write_tfrecords
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.manifest import read_manifest
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.write.commit import Commit
@@ -209,11 +211,12 @@ def run_driver(module: str, function: str, args: list, *, kill_when: Callable[[]
 # -- checks --------------------------------------------------------------------------------
 
 
-def check_readers_see_whole_files(out: Path, ids: list[int]) -> list[dict]:
-    """What a reader finds in a killed job's output: whole files (every one parses), no id twice."""
-    rows = read_tfrecords(str(out)).take_all() if visible_files(out) else []
-    found = [r["id"] for r in rows]
-    assert len(found) == len(set(found)) and set(found) <= set(ids)
+def check_readers_see_the_committed_version(out: Path, committed: list[int]) -> list[dict]:
+    """What our readers find in a killed job's output: exactly the ids of the dataset's latest committed version,
+    each once (none of the killed job's)."""
+    latest = read_manifest(ray_fs(), str(out))
+    rows = read_tfrecords(str(out)).take_all() if latest is not None and latest.entries else []
+    assert sorted(r["id"] for r in rows) == sorted(committed)
     return rows
 
 
@@ -266,10 +269,11 @@ def test_killed_between_files_and_checkpoint_record(ray_local, tmp_path):
     ids = write_source(tmp_path / "src")
     out = tmp_path / "out"
     write_tfrecords(ray.data.from_arrow(id_table(np.arange(-20, 0))), str(out))
+    old_files = visible_files(out)
     options = {"mode": "overwrite", "max_rows_per_file": 300, "min_rows_per_file": 200}
     run_job(tmp_path, {**options, "num_cpus": 2}, fault="published")
-    killed = check_readers_see_whole_files(out, ids)
-    assert killed and not (out / SUCCESS_MARKER).exists()  # the killed run's files are visible, old ones gone
+    killed = check_readers_see_the_committed_version(out, list(range(-20, 0)))  # the old dataset, whole
+    assert set(visible_files(out)) > set(old_files)  # the killed run's files are in place, unlisted
     rerun = run_job(tmp_path, {**options, "num_cpus": 2})
     report("between a task's files and Ray's checkpoint record (overwrite; rerun 2 CPUs)", ids,
            check_complete(out, ids), killed, rerun)
@@ -284,10 +288,11 @@ def test_killed_in_the_final_commit(ray_local, tmp_path):
     old = id_table(np.arange(-20, 0))
     old = add_columns(old)
     write_tfrecords(ray.data.from_arrow(old), str(out))
+    old_files = visible_files(out)
     run_job(tmp_path, {"mode": "append", "num_cpus": 2}, fault="final")
     assert not (tmp_path / "checkpoint").exists()  # Ray deleted it on success, before our commit ran
-    killed = check_readers_see_whole_files(out, list(range(-20, 0)) + ids)
-    assert len(killed) == len(ids) + 20  # every file was in place when it died
+    killed = check_readers_see_the_committed_version(out, list(range(-20, 0)))  # the commit had not happened
+    assert set(visible_files(out)) > set(old_files)  # every task's files were in place when it died
     rerun = run_job(tmp_path, {"mode": "append", "num_cpus": 1})
     assert rerun == {"rows": 0, "files": 0, "skipped": False}
     report("in the driver's final commit (append; rerun 1 CPU)", ids + list(range(-20, 0)),
@@ -302,7 +307,7 @@ def test_killed_twice_in_a_row(ray_local, tmp_path):
     options = {"partition_cols": ["bucket"], "compression": "gzip"}
     run_job(tmp_path, {**options, "num_cpus": 2}, fault="published")
     run_job(tmp_path, {**options, "num_cpus": 1}, fault="write")
-    killed = check_readers_see_whole_files(tmp_path / "out", ids)
+    killed = check_readers_see_the_committed_version(tmp_path / "out", [])  # version 1 only: empty
     rerun = run_job(tmp_path, {**options, "num_cpus": 2})
     report("twice in a row (partitioned, gzip; published, then write; reruns 1 and 2 CPUs)", ids,
            check_complete(tmp_path / "out", ids, compressed=True, partitioned=True), killed, rerun)

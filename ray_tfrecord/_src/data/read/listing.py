@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from collections.abc import Sequence
@@ -49,7 +50,13 @@ from ray.data.datasource import Partitioning, PartitionStyle, PathPartitionFilte
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
-from ray_tfrecord._src.core.manifest import missing_file_error, read_manifest, versions_listed
+from ray_tfrecord._src.core.manifest import (
+    Manifest,
+    missing_file_error,
+    read_manifest,
+    read_version,
+    versions_listed,
+)
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.partitioning import PartitionValues, parse_partitions
 from ray_tfrecord._src.data.read import foreign
@@ -273,6 +280,7 @@ class _Seen:
         self._trees: set[str] = set()  # listed recursively
         self.staged: dict[str, str] = {}  # staging directory or file: the tool that stages there
         self.manifests: set[str] = set()  # directories seen to hold a manifest
+        self.latest: dict[str, int] = {}  # the highest version of the log each listing showed, by root
         self.given: set[str] = set()  # directories listed whole (a directory path, or one a glob matched)
 
     def staging(self, relative: str, entry: pafs.FileInfo) -> bool:
@@ -287,7 +295,10 @@ class _Seen:
         self._sidecars.update(e.path for e in entries if e.is_file and is_index_path(e.path))
         self.manifests.update(posixpath.dirname(e.path) for e in entries
                               if e.is_file and posixpath.basename(e.path) == MANIFEST_FILE)
-        self.manifests.update(posixpath.dirname(p) for p in versions_listed(entries))
+        for path, version in versions_listed(entries).items():
+            root = posixpath.dirname(path)
+            self.manifests.add(root)
+            self.latest[root] = max(version, self.latest.get(root, 0))
         if recursive:
             self.given.add(directory.rstrip("/") or directory)
 
@@ -314,6 +325,15 @@ class _Seen:
         return True
 
 
+def _seen_manifest(fs: pafs.FileSystem, root: str, seen: _Seen) -> Manifest | None:
+    """The manifest of a root whose listing was seen: the latest version that listing showed, read without
+    listing the root again (or, expired by newer commits since, the log's latest)."""
+    if root in seen.latest:
+        with contextlib.suppress(FileNotFoundError):
+            return read_version(fs, root, seen.latest[root])
+    return read_manifest(fs, root)
+
+
 def _committed(found: list[_Found], fs: pafs.FileSystem,
                seen: _Seen) -> tuple[list[_Found], dict[str, bytes], set[str]]:
     """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
@@ -323,7 +343,7 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
     unseen = [r for r in roots if not seen.covers(r)]
     with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
         fetched = dict(zip(unseen, pool.map(lambda r: read_manifest(fs, r), unseen)))
-    manifests = {r: fetched[r] if r in fetched else read_manifest(fs, r) if r in seen.manifests else None
+    manifests = {r: fetched[r] if r in fetched else _seen_manifest(fs, r, seen) if r in seen.manifests else None
                  for r in roots}
     if not any(m is not None for m in manifests.values()):
         return found, {}, set()
