@@ -83,6 +83,7 @@ def test_inspect_says_when_the_schema_is_inferred(ray_local, dataset, capsys):
         "schema (inferred from a sample of the records; none recorded):\n")
 
 
+@pytest.mark.slow
 def test_inspect_prints_no_deprecation_warning(dataset):
     # A process of its own: Ray warns when a process creates its first Ray Data context.
     env = {**os.environ, "RAY_ADDRESS": "local"}

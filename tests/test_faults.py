@@ -202,6 +202,7 @@ def test_killed_read_worker_yields_every_row_once(ray_local, tmp_path):
 # -- killed write worker ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killed_write_worker_is_retried_and_commits_once(ray_local, tmp_path):
     out = tmp_path / "out"
     old_ids = list(range(-10, 0))
@@ -289,6 +290,7 @@ def write_in_own_cluster(src: str, out: str, mode: str, marker: Optional[str]) -
 
 
 @pytest.mark.parametrize("mode", ["overwrite", "error"])
+@pytest.mark.slow
 def test_killed_driver_leaves_old_dataset_and_retry_succeeds(ray_local, tmp_path, mode):
     """``overwrite`` over an existing dataset, and ``error`` (the default) into a new
     directory; the driver dies while a write task is staging files."""
@@ -394,6 +396,7 @@ def pipeline_in_small_store(src: str, out: str, pid_dir: str) -> None:
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_pipeline_with_object_store_much_smaller_than_the_data(tmp_path):
     write_image_files(tmp_path / "src")
     pid_dir = tmp_path / "pids"

@@ -426,6 +426,7 @@ def test_cli_takes_a_quoted_glob(tf_written, tmp_path):
                                   f"glob (listed {tf_written}/); check the pattern")
 
 
+@pytest.mark.slow
 def test_glob_on_s3_lists_only_its_prefix(ray_local, s3):  # noqa: F811
     ds = ray.data.from_items([{"day": d, "word": f"w{d}{i}"} for d in (1, 2, 3) for i in range(4)])
     write_tfrecords(ds, f"s3://{BUCKET}/globbed", filesystem=s3, partition_cols=["day"])

@@ -36,7 +36,7 @@ from ray_tfrecord._src.data.write.dataset_files import orphans, unlisted_files
 from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
 from tests.test_checkpoint_jobs import run_driver
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # local S3 and GCS servers: the full tier
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 BUCKET = "tfr"
 _SERVERS = {"s3": (moto_s3, s3_filesystem, "s3://"), "gcs": (fake_gcs, gcs_filesystem, "gs://")}

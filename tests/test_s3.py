@@ -17,7 +17,7 @@ from ray_tfrecord._src.core.manifest import version_path
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
 from tests.filesystems import moto_s3, s3_filesystem
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a local S3 server: the full tier
 BUCKET = "tfr"
 
 
