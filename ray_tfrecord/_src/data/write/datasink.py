@@ -41,6 +41,7 @@ from ray_tfrecord._src.data.compat import SaveMode
 from ray_tfrecord._src.data.task_errors import from_task, task_cause
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord._src.data.write.commit.protocol import DEFAULT_KEEP_REPLACED_S
+from ray_tfrecord._src.data.write.tf_schema import feature_types as tf_schema_kinds
 from ray_tfrecord._src.data.write.writers import WriteConfig, write_tables
 
 # SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
@@ -125,6 +126,12 @@ class TFRecordDatasink(_Base):
             sees both; a read planned before then fails, naming the commit. Set it (to the seconds a read
             takes) for datasets read while they are overwritten; a glob then matches the replaced files too
             until a later write, or ``ray-tfrecord clean``, deletes them.
+        serialize_tensors: Write each tensor column (``pa.fixed_shape_tensor``, Ray's tensor types) as Ray's
+            ``write_tfrecords`` does: one ``bytes_list`` value a row, its ``tf.io.serialize_tensor`` bytes, for
+            ``tf.io.parse_tensor``. Default: the tensor's flat values (a ``FixedLenFeature`` of its shape).
+        tf_schema: Ray's: a TFMD ``Schema`` fixing each feature's kind (``INT``, ``FLOAT``, ``BYTES``). Every
+            record column must be one of its features, of that kind (a column of another kind is refused, not
+            converted); all-empty list columns take its types. Example records only.
 
     Concurrent writes to one dataset (appends from several jobs, backfills, an overwrite) each commit a
     version of its log; an append never conflicts, and the rest end as if one ran after the other
@@ -155,6 +162,8 @@ class TFRecordDatasink(_Base):
         allow_decimal_narrowing: bool = False,
         partition_overwrite: PartitionOverwrite = "static",
         keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
+        serialize_tensors: bool = False,
+        tf_schema: Any = None,
     ):
         mode = options.mode(mode)
         options.compression(compression)
@@ -203,6 +212,8 @@ class TFRecordDatasink(_Base):
             allow_float64_narrowing=allow_float64_narrowing,
             allow_decimal_narrowing=allow_decimal_narrowing,
             max_open_files=self._MAX_OPEN_FILES,
+            serialize_tensors=serialize_tensors,
+            tf_features=None if tf_schema is None else tf_schema_kinds(tf_schema, record_type),
         )
         self._started = False
         self._skips: bool | None = None  # what apply_mode decided, once
@@ -407,6 +418,8 @@ def write_tfrecords(
     allow_decimal_narrowing: bool = False,
     partition_overwrite: PartitionOverwrite = "static",
     keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
+    serialize_tensors: bool = False,
+    tf_schema: Any = None,
     concurrency: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     **task_options: Unpack[options.RayTaskOptions],
@@ -446,6 +459,8 @@ def write_tfrecords(
         allow_decimal_narrowing=allow_decimal_narrowing,
         partition_overwrite=partition_overwrite,
         keep_replaced_files=keep_replaced_files,
+        serialize_tensors=serialize_tensors,
+        tf_schema=tf_schema,
     )
     given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args, **task_options)
     if sink.prepare(ds):

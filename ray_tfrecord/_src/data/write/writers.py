@@ -31,6 +31,7 @@ from ray_tfrecord._src.core.index import IndexBuilder, write_index
 from ray_tfrecord._src.core.layout import is_hidden_name
 from ray_tfrecord._src.core.schema import merge_recorded, stored_schema
 from ray_tfrecord._src.data.partitioning import split_by_partitions
+from ray_tfrecord._src.data.write import tf_schema
 from ray_tfrecord._src.data.write.commit import StagedFile, checkpoint_file_base, make_dirs
 
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
@@ -58,6 +59,8 @@ class WriteConfig:
     checkpointed: bool = False  # a job checkpoint: files are named for Ray's recovery (checkpoint_file_base)
     direct: bool = False  # staging is the dataset itself (an object store): files are named for the write id
     list_types: tuple[tuple[str, pa.DataType], ...] = ()  # the dataset's list columns, as the driver knows them
+    serialize_tensors: bool = False  # tensor columns as tf.io.serialize_tensor bytes
+    tf_features: tuple[tuple[str, pa.DataType], ...] | None = None  # tf_schema=: each feature's kind (leaf type)
 
     @property
     def extension(self) -> str:
@@ -98,6 +101,8 @@ class WriteConfig:
             raise ValueError("Every column is a partition column; records would be empty.")
         data_schema = pa.schema([f for f in schema if f.name not in self.partition_cols and f.name not in absent])
         check_encodable(data_schema, self.record_type, allow_float64_narrowing=self.allow_float64_narrowing)
+        if self.tf_features is not None:
+            tf_schema.check(data_schema, self.tf_features, self.partition_cols, self.serialize_tensors)
         if recorded is not None:
             merge_recorded(recorded, self.data_schema(schema), path=self.path)
 
@@ -111,7 +116,8 @@ def write_tables(tables: Iterable[pa.Table], config: WriteConfig, task_idx: int,
     checked = None
     schemas: list[pa.Schema] = []
     absent: list[str] = []
-    list_types = {**dict(config.list_types), **(_list_types(recorded) if recorded is not None else {})}
+    list_types = {**tf_schema.empty_list_types(config.tf_features or ()), **dict(config.list_types),
+                  **(_list_types(recorded) if recorded is not None else {})}
     held: list[pa.Table] = []
 
     def write(table: pa.Table) -> None:
@@ -276,7 +282,8 @@ class _TaskFiles:
         config = self._config
         max_rows, target_bytes = config.max_rows_per_file, config.target_file_size
         encoded = encode(batch, config.record_type, allow_float64_narrowing=config.allow_float64_narrowing,
-                         allow_decimal_narrowing=config.allow_decimal_narrowing)
+                         allow_decimal_narrowing=config.allow_decimal_narrowing,
+                         serialize_tensors=config.serialize_tensors)
         data = memoryview(encoded.data).cast("B")
         starts = np.asarray(encoded.offsets, dtype=np.int64)
         ends = np.append(starts[1:], len(data))
