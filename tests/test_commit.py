@@ -127,6 +127,9 @@ def test_append_keeps_the_old_files_and_merges_the_recorded_schema(tmp_path):
     commit = _write(out, "append", "part-new.tfrecord", schema=_schema(x=pa.int64(), y=pa.string()))
     assert commit.recorded == _schema(x=pa.int64())  # what appended rows were checked against
     assert _tree(out) == [SUCCESS_MARKER, SCHEMA_FILE, "part-new.tfrecord", "part-old.tfrecord"]
+    # What readers read: the latest version lists both writes' files, not only the append's.
+    latest = read_version(LOCAL, str(out), list_versions(LOCAL, str(out))[-1])
+    assert sorted(e.rel_path for e in latest.entries) == ["part-new.tfrecord", "part-old.tfrecord"]
     merged = read_stored_schema(LOCAL, str(out))
     assert merged.field("x").type == pa.int64() and merged.field("y") == pa.field("y", pa.string(), nullable=True)
 
