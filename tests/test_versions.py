@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
 LOWEST = REPO / ".ci" / "lowest-constraints.txt"
 # The dependencies whose versions the package is tested at both ends of: a floor each, no cap.
-BOUNDED = ["ray", "pyarrow", "numpy", "tqdm", "tensorflow", "tf-keras"]
-# Installed only with the tf extra; the rest are always installed.
-OPTIONAL = {"tensorflow", "tf-keras"}
+BOUNDED = ["ray", "pyarrow", "numpy", "tqdm", "tensorflow", "tf-keras", "tensorflow-metadata"]
+# Installed only with the tf (and tfmd) extra; the rest are always installed.
+OPTIONAL = {"tensorflow", "tf-keras", "tensorflow-metadata"}
 # Pinned in the lowest-versions file although the package does not depend on them, each for a reason given
 # there (a floor release of a dependency that breaks with the newest release of one of its own dependencies).
 COMPANIONS = {"pandas"}
