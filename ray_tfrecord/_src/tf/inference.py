@@ -187,11 +187,7 @@ def predict(
     Returns:
         A lazy dataset with ``key_columns`` and ``output_column``.
     """
-    if not key_columns:
-        raise ValueError("key_columns must name at least one column to key the predictions by")
-    if output_column in key_columns:
-        raise ValueError(f"output_column {output_column!r} clashes with a key column")
-    _check_defaults(ds, feature_columns, defaults)
+    _check_arguments(ds, feature_columns, key_columns, output_column, defaults)
     others = progress.checkpoint_holders(ds.context)
     predictors = _predictors("predict", concurrency, num_cpus, num_gpus, others)
     progress.preflight("predict", [predictors, *others], fix="predict(num_cpus={cpus})", zero_ok=True)
@@ -230,8 +226,14 @@ def _predictors(job: str, concurrency: int, num_cpus: float | None, num_gpus: fl
     return holder if num_cpus is not None else progress.shrunk(job, holder, others, keyword="num_cpus")
 
 
-def _check_defaults(ds: Dataset, feature_columns: str | Sequence[str], defaults: Mapping[str, Any] | None) -> None:
-    """Refuse bad ``defaults`` before any actor starts, when the schema is known without reading."""
+def _check_arguments(ds: Dataset, feature_columns: str | Sequence[str], key_columns: Sequence[str],
+                     output_column: str, defaults: Mapping[str, Any] | None) -> None:
+    """``predict``'s arguments, refused before any actor starts: the keys, the output column, and bad
+    ``defaults`` when the schema is known without reading."""
+    if not key_columns:
+        raise ValueError("key_columns must name at least one column to key the predictions by")
+    if output_column in key_columns:
+        raise ValueError(f"output_column {output_column!r} clashes with a key column")
     if not defaults:
         return
     from ray_tfrecord._src.tf.tensors import arrow_schema, column_plans
@@ -291,11 +293,7 @@ def inference(
         raise ValueError(f"output_format must be 'tfrecord' or 'parquet', got {output_format!r}")
     if min_rows_per_file is not None and min_rows_per_file <= 0:
         raise ValueError(f"min_rows_per_file must be positive, got {min_rows_per_file}")
-    if not key_columns:
-        raise ValueError("key_columns must name at least one column to key the predictions by")
-    if output_column in key_columns:
-        raise ValueError(f"output_column {output_column!r} clashes with a key column")
-    _check_defaults(ds, feature_columns, defaults)
+    _check_arguments(ds, feature_columns, key_columns, output_column, defaults)
     config = None if checkpoint_path is None else _checkpoint_config(key_columns, os.fspath(checkpoint_path))
     rerun = config is not None and compat.checkpoint_started(config)
     others = [progress.CHECKPOINT_FILTER] if rerun else []
