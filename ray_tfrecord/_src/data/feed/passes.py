@@ -98,10 +98,6 @@ class Passes:
         self._ahead: _Ahead | None = None
 
     @property
-    def transformed(self) -> bool:
-        return self._transform is not None
-
-    @property
     def epoch(self) -> int:
         """The epoch the next pass feeds (or the one being fed)."""
         return self._current[0][0].epoch if self._current else self._next.epoch
