@@ -46,7 +46,7 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, RecordType, decode
 from ray_tfrecord._src.core.feature_specs import SchemaLike, arrow_schema, ray_tf_schema
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
-from ray_tfrecord._src.core.manifest import is_object_store
+from ray_tfrecord._src.core.manifest import explain_missing, is_object_store
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.core.schema import infer_schema, read_stored_schema
 from ray_tfrecord._src.data import compat, progress
@@ -233,7 +233,8 @@ class TFRecordDatasource(Datasource):
         report = CorruptionReport()
         fs = self._listing.filesystem
         for file in self._listing.files[: self._INFER_MAX_FILES]:
-            stream, found = open_stream(file.path, fs, self._compression)
+            with explain_missing(fs, file.path):
+                stream, found = open_stream(file.path, fs, self._compression)
             with contextlib.closing(stream):
                 for chunk in iter_chunks(
                     stream,

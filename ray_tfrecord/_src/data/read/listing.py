@@ -51,6 +51,7 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import dataset_root, index_candidates, is_index_path
 from ray_tfrecord._src.core.layout import MANIFEST_FILE, is_hidden
 from ray_tfrecord._src.core.manifest import (
+    Entry,
     Manifest,
     missing_file_error,
     read_manifest,
@@ -78,6 +79,7 @@ class DataFile:
     # partition directory read on its own: its sidecars are at the dataset root).
     has_index: bool | None = None
     index: bytes | None = None  # the RecordIndex a manifest holds for it (object stores: no sidecar)
+    rows: int | None = None  # its records, as the manifest that lists it says (None: not known)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def list_files(
     fs = compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
-    found, indexes, committed_roots = _committed(found, fs, seen)
+    found, committed, committed_roots = _committed(found, fs, seen)
     foreign.warn_staging(seen.staged, committed_roots)
     if not found:
         raise ValueError(
@@ -146,7 +148,8 @@ def list_files(
     if splits and partitioning is not None and _SPLIT not in partition_schema.names:
         partition_schema = partition_schema.append(pa.field(_SPLIT, pa.string()))
         partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
-    files = [DataFile(f.path, f.size, parts, f.has_index, indexes.get(f.path)) for f, parts in zip(found, partitions)]
+    files = [DataFile(f.path, f.size, parts, f.has_index, *_known(committed.get(f.path), f.size))
+             for f, parts in zip(found, partitions)]
     return Listing(files, partition_schema, fs, roots)
 
 
@@ -335,10 +338,10 @@ def _seen_manifest(fs: pafs.FileSystem, root: str, seen: _Seen) -> Manifest | No
 
 
 def _committed(found: list[_Found], fs: pafs.FileSystem,
-               seen: _Seen) -> tuple[list[_Found], dict[str, bytes], set[str]]:
+               seen: _Seen) -> tuple[list[_Found], dict[str, Entry], set[str]]:
     """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
-    lists that a whole listing of the root missed), the indexes it holds, by path, and the roots that hold
-    a manifest."""
+    lists that a whole listing of the root missed), its entries, by path, and the roots that hold a
+    manifest."""
     roots = sorted({dataset_root(f.path) for f in found if f.listed} | (seen.given & seen.manifests))
     unseen = [r for r in roots if not seen.covers(r)]
     with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
@@ -347,11 +350,11 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
                  for r in roots}
     if not any(m is not None for m in manifests.values()):
         return found, {}, set()
-    committed: dict[str, tuple[int, bytes | None]] = {}
+    committed: dict[str, Entry] = {}
     for root, m in manifests.items():
         for e in m.entries if m is not None else ():
-            committed[posixpath.join(root, e.rel_path)] = (e.size, e.index)
-    kept = [f._replace(has_index=True) if committed.get(f.path, (0, None))[1] is not None else f
+            committed[posixpath.join(root, e.rel_path)] = e
+    kept = [f._replace(has_index=True) if f.path in committed and committed[f.path].index is not None else f
             for f in found if not f.listed or f.path in committed or manifests.get(dataset_root(f.path)) is None]
     have = {f.path for f in kept}
     unlisted = [p for p in sorted(committed) if p not in have and dataset_root(p) in seen.given]
@@ -361,9 +364,15 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
         cause = missing_file_error(fs, gone[0])
         raise TFRecordError(f"the dataset's latest version lists this file ({len(gone)} of {len(committed)} listed "
                             f"files are gone): {cause.reason}", path=gone[0])
-    kept += [_Found(i.path, i.size, committed[i.path][1] is not None, None, True) for i in infos]
-    return (kept, {p: index for p, (_, index) in committed.items() if index is not None},
-            {r for r, m in manifests.items() if m is not None})
+    kept += [_Found(i.path, i.size, committed[i.path].index is not None, None, True) for i in infos]
+    return kept, committed, {r for r, m in manifests.items() if m is not None}
+
+
+def _known(entry: Entry | None, size: int) -> tuple[bytes | None, int | None]:
+    """The index and row count the manifest gives a file, where it lists the file at the size found."""
+    if entry is None:
+        return None, None
+    return entry.index, entry.rows if entry.size == size else None
 
 
 def _visible_files(directory: str, entries: list[pafs.FileInfo], seen: _Seen) -> list[tuple[str, int]]:

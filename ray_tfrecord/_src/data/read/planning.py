@@ -32,6 +32,7 @@ from ray.data.datasource import FileShuffleConfig
 from ray_tfrecord._src.core import sizes
 from ray_tfrecord._src.core.framing import detect_compression
 from ray_tfrecord._src.core.index import RecordIndex, load_index, read_fingerprint
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.partitioning import PartitionValues
 from ray_tfrecord._src.data.read.listing import DataFile
@@ -47,13 +48,15 @@ class FileRange:
     start: int
     end: int | None  # None: to end of stream (always for compressed files)
     size: int  # on-disk bytes, for metadata and task packing
-    num_rows: int | None  # exact, when an index gave the boundaries
+    # Exact, when an index gave the boundaries or the manifest the whole file's count: then Ray's count() adds
+    # the read tasks' counts up without opening a file (so a count polled during an overwrite never reads one).
+    num_rows: int | None
     resync: bool  # start is a guessed byte offset, not a known record boundary
     partitions: PartitionValues
 
     @classmethod
     def whole(cls, file: DataFile) -> FileRange:
-        return cls(file.path, 0, None, file.size, None, False, file.partitions)
+        return cls(file.path, 0, None, file.size, file.rows, False, file.partitions)
 
     @property
     def whole_file(self) -> bool:
@@ -76,7 +79,8 @@ class Probe:
 
 def probe_file(fs: pafs.FileSystem, file: DataFile, compression: str | None) -> Probe:
     """Classify a large file for splitting (``compression`` as the reader was given it)."""
-    head, tail = read_fingerprint(fs, file.path, file.size)
+    with explain_missing(fs, file.path):
+        head, tail = read_fingerprint(fs, file.path, file.size)
     if compression == "auto" and detect_compression(head[:16]) is not None:
         return Probe(ProbeKind.COMPRESSED)
     if file.has_index is not False:
