@@ -10,7 +10,9 @@ assert ray_tfrecord.read_tfrecords("/tmp/words").count() == 10
 ```
 
 The codec, framing and schema names need only pyarrow and numpy; Ray loads when a name that needs it is
-first used. The TensorFlow side (feeds, the resumable feed, the trainer, inference) is ``ray_tfrecord.tf``.
+first used. [`ResumableFeed`][ray_tfrecord.ResumableFeed] over [`plan_splits`][ray_tfrecord.plan_splits] is the
+resumable feed for any training loop (NumPy or Arrow batches, no TensorFlow). The TensorFlow side (feeds, the
+resumable feed's ``tf.data`` adapter, the trainer, inference) is ``ray_tfrecord.tf``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ from ._src.core.schema import infer_schema
 if TYPE_CHECKING:
     from ._src.data.feed.images import ImageError, ImageTransform
     from ._src.data.feed.order import SEED_COLUMN
+    from ._src.data.feed.random_access import TFRecordSource
+    from ._src.data.feed.resumable import ResumableFeed
+    from ._src.data.feed.splits import SplitPlan, plan_splits
     from ._src.data.feed.transforms import WEIGHT_COLUMN, TransformError
     from ._src.data.progress import set_stall_timeout
     from ._src.data.read.datasource import TFRecordDatasource, read_tfrecords
@@ -64,14 +69,21 @@ _LAZY = {
     "SEED_COLUMN": "ray_tfrecord._src.data.feed.order",
     "WEIGHT_COLUMN": "ray_tfrecord._src.data.feed.transforms",
     "TransformError": "ray_tfrecord._src.data.feed.transforms",
+    # The resumable feed for any training loop (NumPy or Arrow batches), and its plan: no TensorFlow.
+    "ResumableFeed": "ray_tfrecord._src.data.feed.resumable",
+    "plan_splits": "ray_tfrecord._src.data.feed.splits",
+    "SplitPlan": "ray_tfrecord._src.data.feed.splits",
+    # Random access by global index (Grain, PyTorch map-style): no TensorFlow.
+    "TFRecordSource": "ray_tfrecord._src.data.feed.random_access",
 }
 
 __all__ = [
     "BYTE_ARRAY_SCHEMA", "SEED_COLUMN", "WEIGHT_COLUMN", "ConflictError", "CorruptRecordError", "DecodeError",
     "Decoder", "EncodedRecords", "Encoder", "ImageError", "ImageTransform", "NotTFRecordError", "RayTaskOptions",
-    "RecordType", "RecordWriter", "SchemaError", "StallError", "TFRecordDatasink", "TFRecordDatasource",
-    "TFRecordError", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
-    "iter_chunks", "open_stream", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
+    "RecordType", "RecordWriter", "ResumableFeed", "SchemaError", "SplitPlan", "StallError", "TFRecordDatasink",
+    "TFRecordDatasource",
+    "TFRecordError", "TFRecordSource", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
+    "iter_chunks", "open_stream", "plan_splits", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
 ]
 
 

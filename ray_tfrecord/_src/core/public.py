@@ -2,8 +2,9 @@
 ``ray_tfrecord.CorruptRecordError``, not the private module that defines it.
 
 Both namespaces resolve every name they export (``ray_tfrecord.__getattr__`` loads the lazy ones), so a
-pickle by reference still finds the object. ``SplitPlan`` and ``plan_splits`` keep their module:
-``ray_tfrecord.tf`` imports TensorFlow, which the read tasks that unpickle a plan need not have.
+pickle by reference still finds the object. A name both namespaces export (``SplitPlan``,
+``plan_splits``) reports ``ray_tfrecord``: ``ray_tfrecord.tf`` imports TensorFlow, which the read tasks
+and the framework-free training workers that unpickle a plan need not have.
 """
 
 from __future__ import annotations

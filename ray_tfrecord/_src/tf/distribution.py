@@ -50,8 +50,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-import ray.train
 import tensorflow as tf
+
+from ray_tfrecord._src.data.feed.resumable import worker_group
 
 #: Builds one pipeline of ``batch_size``-row elements, ``steps`` of them an epoch (None: all the data gives).
 Batches: TypeAlias = Callable[[int, int | None], tf.data.Dataset]
@@ -66,20 +67,6 @@ def check_partial_batches(*, drop_last: bool, steps_per_epoch: int | None) -> No
             "different step counts and hang synchronous training; keep "
             "drop_last=True or pass steps_per_epoch="
         )
-
-
-def worker_group() -> tuple[int, int]:
-    """This worker's (rank, world size) in a Ray Train run; (0, 1) outside one (driver, Ray task, Tune function).
-
-    Ray Train v2 raises RuntimeError outside a training function, and
-    DeprecationWarning inside a plain Tune function: both mean no peers share
-    a collective with this process.
-    """
-    try:
-        context = ray.train.get_context()
-        return context.get_world_rank(), context.get_world_size()
-    except (RuntimeError, DeprecationWarning):
-        return 0, 1
 
 
 @dataclass(frozen=True)

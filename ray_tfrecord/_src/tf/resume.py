@@ -1,5 +1,6 @@
-"""A training feed that resumes mid-epoch: ``ResumableFeed``, the ``tf.data`` adapter over
-``ray_tfrecord._src.data.feed.passes``.
+"""A training feed that resumes mid-epoch: ``ResumableFeed``, the ``tf.data`` adapter over the
+framework-free feed (``ray_tfrecord._src.data.feed.resumable``), whose position, checks and
+``feed.json`` it shares: a checkpoint of either feed resumes the other.
 
 Every row of each epoch reaches exactly one rank exactly once, counting the rows trained before and
 after a restart, whatever the worker count after it (``Passes``: the epochs' order, shares, positions
@@ -19,25 +20,21 @@ tensors as ``tf_dataset`` makes them.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
 import tensorflow as tf
 
 from ray_tfrecord._src.core.public import public
-from ray_tfrecord._src.data.feed.order import SEED_COLUMN, Position
-from ray_tfrecord._src.data.feed.passes import Keep, Passes, Transform
+from ray_tfrecord._src.data.feed.order import Position
+from ray_tfrecord._src.data.feed.passes import Keep, Transform
+from ray_tfrecord._src.data.feed.resumable import FEED_FILE as FEED_FILE  # checkpoint.py's import
+from ray_tfrecord._src.data.feed.resumable import ResumableFeed as Feed
+from ray_tfrecord._src.data.feed.resumable import passes_of, saved_state, write_state
 from ray_tfrecord._src.data.feed.splits import SplitPlan
 from ray_tfrecord._src.data.feed.transforms import WEIGHT_COLUMN
-from ray_tfrecord._src.tf.distribution import worker_group
 from ray_tfrecord._src.tf.pipeline import Batching, table_batches
 from ray_tfrecord._src.tf.tensors import column_plans
-
-#: The feed's position inside a checkpoint directory (JSON).
-FEED_FILE = "feed.json"
 
 
 @public("ray_tfrecord.tf")
@@ -92,29 +89,26 @@ class ResumableFeed:
     ) -> None:
         names = [feature_columns] if isinstance(feature_columns, str) else list(feature_columns)
         names += [label_columns] if isinstance(label_columns, str) else list(label_columns)
-        available = plan.columns(include_paths=include_paths)
-        for own in (WEIGHT_COLUMN, SEED_COLUMN):
-            if own in available.names:
-                raise ValueError(f"the column name {own!r} is the feed's own column; rename the dataset's column")
-        read = [n for n in dict.fromkeys(names) if n in available.names]
-        rank, world_size = worker_group() if rank is None or world_size is None else (rank, world_size)
-        self._passes = Passes(plan, columns=read if transform is None else available.names, batch_size=batch_size,
-                              seed=seed, shuffle_rows=shuffle_rows, block_splits=block_splits, rank=rank,
-                              world_size=world_size, transform=transform, transform_options=transform_options,
-                              keep=keep)
+        available = plan.columns(include_paths=include_paths).names
+        # Names the plan lacks are left to column_plans, which names them; a transform reads every column.
+        read = None if transform is not None else [n for n in dict.fromkeys(names) if n in available]
+        self._feed = Feed(plan, batch_size=batch_size, columns=read, seed=seed, shuffle_rows=shuffle_rows,
+                          rank=rank, world_size=world_size, block_splits=block_splits, transform=transform,
+                          transform_options=transform_options, keep=keep, include_paths=include_paths,
+                          batch_format="pyarrow")
+        self._passes = passes_of(self._feed)
         self.plan, self.batch_size, self.seed, self.shuffle_rows = plan, batch_size, seed, shuffle_rows
-        self.block_splits, self.rank, self.world_size = self._passes.block_splits, rank, world_size
-        self._schema = pa.schema([available.field(n) for n in read] + [pa.field(WEIGHT_COLUMN, pa.float32())])
+        self.block_splits, self.rank, self.world_size = self._feed.block_splits, self._feed.rank, self._feed.world_size
         self._names, self._defaults = names, defaults
-        self._plans = None if transform is not None else column_plans(self._schema, [*names, WEIGHT_COLUMN],
-                                                                          defaults)
+        schema = self._feed.schema
+        self._plans = None if schema is None else column_plans(schema, [*names, WEIGHT_COLUMN], defaults)
         self._feature_columns, self._label_columns, self._tf_prefetch = feature_columns, label_columns, tf_prefetch
 
     @property
     def epoch(self) -> int:
         """The epoch the next pass over [`dataset`][ray_tfrecord.tf.ResumableFeed.dataset] feeds (or the one
         being fed)."""
-        return self._passes.epoch
+        return self._feed.epoch
 
     def dataset(self) -> tf.data.Dataset:
         """Elements ``(features, label, weight)``; each pass (each new iterator, as Keras makes
@@ -141,44 +135,26 @@ class ResumableFeed:
         resumed, shorter epoch would cut every later one short.
         [`ReportCheckpoint`][ray_tfrecord.tf.ReportCheckpoint] calls it with ``fit``'s ``epochs`` and stops
         ``fit`` there."""
-        self._passes.run_until(epochs)
+        self._feed.run_until(epochs)
 
     def steps(self) -> int:
         """Steps (elements) every rank runs in the pass being fed, or in the next one."""
-        return self._passes.steps()
+        return self._feed.steps()
 
     def position(self, steps: int | None, *, steps_per_batch: int = 1) -> Position:
         """Where the group stands once every rank has completed ``steps`` steps of the current pass
         (``None``: all of it), each of ``batch_size // steps_per_batch`` rows: Keras ``fit`` under
         ``MultiWorkerMirroredStrategy`` runs ``num_replicas_in_sync`` steps per element."""
-        return self._passes.position(steps, steps_per_batch=steps_per_batch)
+        # The adapter cuts its own batches, so to the feed under it None is the whole pass.
+        return self._feed.position(steps, steps_per_batch=steps_per_batch)
 
     def save(self, directory: str, steps: int | None, *, steps_per_batch: int = 1) -> None:
         """Write [`position`][ray_tfrecord.tf.ResumableFeed.position] into ``directory`` (a checkpoint's,
         before ``ray.train.report``) as ``feed.json``.  Count only steps that completed: their rows count as trained."""
-        state = {"position": self.position(steps, steps_per_batch=steps_per_batch).to_json(),
-                 **self._passes.identity()}
-        with open(os.path.join(directory, FEED_FILE), "w") as f:
-            json.dump(state, f)
+        write_state(directory, saved_state(self._passes, self.position(steps, steps_per_batch=steps_per_batch)))
 
     def load(self, directory: str) -> int:
         """Continue from the position saved in ``directory``; return its epoch (the one to start
         at).  Raises ``ValueError`` if the checkpoint was taken with another seed, dataset, block_splits,
         transform or keep."""
-        with open(os.path.join(directory, FEED_FILE)) as f:
-            state = json.load(f)
-        saved = {"mix": 1, "transform": None, "keep": None, **{k: v for k, v in state.items() if k != "position"}}
-        mine = self._passes.identity()
-        if saved != mine:
-            def said(d: dict[str, Any]) -> str:
-                return (f"seed={d['seed']}, shuffle_rows={d['shuffle']}, block_splits={d['mix']}, "
-                        f"transform={d['transform']}, keep={d['keep']} over {d['dataset'][0]} splits of "
-                        f"{d['dataset'][1]} rows")
-            raise ValueError(
-                f"{os.path.join(directory, FEED_FILE)} was saved by a feed of {said(saved)}; this feed has "
-                f"{said(mine)}: pass the same seed=, shuffle_rows=, block_splits=, transform=, keep= and plan, "
-                "or start a new run name"
-            )
-        position = Position.from_json(state["position"])
-        self._passes.restore(position)
-        return position.epoch
+        return self._feed.load(directory)

@@ -27,6 +27,7 @@ from ray_tfrecord._src.core.codec import decode
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.feature_specs import SchemaLike, arrow_schema
 from ray_tfrecord._src.core.framing import iter_chunks, open_stream
+from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.by_reference import StoredTuple
@@ -56,6 +57,7 @@ class Split:
     size: int  # bytes on disk: end - start, or the whole compressed file's
 
 
+@public("ray_tfrecord")
 @dataclass(frozen=True)
 class SplitPlan:
     """A dataset's splits in file order, and what reading them needs (pickleable: it travels in
@@ -90,6 +92,7 @@ class SplitPlan:
         return [len(self.splits), self.rows]
 
 
+@public("ray_tfrecord")
 def plan_splits(
     paths: str | list[str],
     *,
