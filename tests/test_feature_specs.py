@@ -145,6 +145,25 @@ def test_unmappable_specs_are_refused_naming_the_feature():
         arrow_schema(({}, {"s": tf.io.FixedLenSequenceFeature([], tf.int64)}))
 
 
+def test_a_fixed_len_sequence_feature_in_an_example_spec_is_refused_for_the_ragged_spec_that_reads_its_steps(
+        tmp_path):
+    rows = [_example(s=("int64_list", list(range(12)))), _example(s=("int64_list", [7] * 6)), _example()]
+    path = _write(tmp_path / "a.tfrecord", rows)
+    padded = {"s": tf.io.FixedLenSequenceFeature([2, 3], tf.int64, allow_missing=True)}
+    with pytest.raises(SchemaError) as info:
+        arrow_schema(padded)
+    assert str(info.value).startswith(
+        "column 's': a FixedLenSequenceFeature in an Example spec (parse_example pads it to the longest row) is not "
+        "read here; tf.io.RaggedFeature(tf.int64, partitions=[tf.io.RaggedFeature.UniformRowLength(2), "
+        "tf.io.RaggedFeature.UniformRowLength(3)]) reads the same steps unpadded.")
+    ragged = {"s": tf.io.RaggedFeature(tf.int64, partitions=[tf.io.RaggedFeature.UniformRowLength(2),
+                                                             tf.io.RaggedFeature.UniformRowLength(3)])}
+    steps = [r["s"] for r in _read(path, ragged)]
+    full = tf.io.parse_example(rows, padded)["s"].numpy().tolist()
+    assert steps == [f[:len(s)] for f, s in zip(full, steps)] == tf.io.parse_example(rows, ragged)["s"].to_list()
+    assert [len(s) for s in steps] == [2, 1, 0]
+
+
 def test_a_sequence_example_pair_reads_what_parse_sequence_example_parses(tmp_path):
     rows = [reference.encode_sequence_example({"id": ("int64_list", [1])},
                                               {"frames": ("float_list", [[1.0, 2.0], [3.0, 4.0]]),

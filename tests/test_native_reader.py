@@ -153,8 +153,8 @@ def test_each_epochs_shards_hold_every_row_once_in_equal_parts(tmp_path):
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
         # A shard's splits of one file are one read, from the first one's byte offset.
         assert sum(len(shard_runs(plan, i, count)) for i in range(count)) <= 3 + count - 1
-    shuffled = tfrecord_dataset(plan, feature_columns="id", batch_size=8, shard=(1, 2), local_shuffle_buffer_size=16, local_shuffle_seed=1,
-                                drop_last=False)
+    shuffled = tfrecord_dataset(plan, feature_columns="id", batch_size=8, shard=(1, 2), local_shuffle_buffer_size=16,
+                                local_shuffle_seed=1, drop_last=False)
     epochs = [[int(x) for x in shuffled.unbatch()] for _ in range(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) == ids[60:]
     assert epochs[0] != epochs[1] != ids[60:]
@@ -206,3 +206,46 @@ def test_refusals_name_the_column_and_the_fix(tmp_path):
     hive = _write(tmp_path / "h", table.select(["id"]), {"k=__HIVE_DEFAULT_PARTITION__/a.tfrecord": slice(0, 5)})
     with pytest.raises(SchemaError, match=r"column 'k': the file's partition value is null .* pass defaults="):
         tfrecord_dataset(hive, feature_columns=["id", "k"], batch_size=4)
+
+
+def test_a_spec_derived_schema_reads_what_parse_example_parses_defaults_and_partitions_included(tmp_path):
+    """plan_splits(schema=) a feature-spec dict: tfrecord_dataset gives parse_example's values for it on files
+    tf.io.TFRecordWriter wrote (defaults where a feature is missing, rows split by partition features), as
+    tf_dataset's tensors (a uniform partition a ragged level, as its Arrow list is)."""
+    from tests import reference
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):
+        features = {"x": ("float_list", [float(i), -float(i)])}
+        if i % 3:  # the rest take the defaults
+            features |= {"label": ("int64_list", [i]), "name": ("bytes_list", [b"n%d" % i]),
+                         "grid": ("float_list", rng.random(4).astype(np.float32).tolist())}
+        lengths = rng.integers(0, 3, rng.integers(0, 4)).tolist()
+        if i % 4:
+            features |= {"v": ("int64_list", rng.integers(0, 9, sum(lengths)).tolist()),
+                         "splits": ("int64_list", np.concatenate([[0], np.cumsum(lengths)]).astype(int).tolist()),
+                         "f": ("float_list", [float(k) for k in range(sum(lengths))]), "lens": ("int64_list", lengths)}
+        rows.append(reference.encode_example(features))
+    with tf.io.TFRecordWriter(str(tmp_path / "a.tfrecord")) as w:
+        for r in rows:
+            w.write(r)
+    spec = {
+        "x": tf.io.FixedLenFeature([2], tf.float32),
+        "label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+        "name": tf.io.FixedLenFeature([], tf.string, default_value="none"),
+        "grid": tf.io.FixedLenFeature([2, 2], tf.float32, default_value=[[0.0, 1.0], [2.0, 3.0]]),
+        "nested": tf.io.RaggedFeature(tf.int64, value_key="v", partitions=[tf.io.RaggedFeature.RowSplits("splits")]),
+        "by_len": tf.io.RaggedFeature(tf.float32, value_key="f", partitions=[
+            tf.io.RaggedFeature.RowLengths("lens"), tf.io.RaggedFeature.UniformRowLength(1)]),
+    }
+    plan = plan_splits(str(tmp_path), schema=spec, split_bytes=256)
+    native = tfrecord_dataset(plan, feature_columns=list(spec), batch_size=8, drop_last=False)
+    got, want = _drain(native), tf.io.parse_example(rows, spec)
+    for c in spec:
+        assert _values(got[c]) == _values(want[c]), c
+    assert _values(got["label"])[0] == -1 and _values(got["grid"])[3] == [[0.0, 1.0], [2.0, 3.0]]
+    ours = _expected(plan, list(spec))
+    for c, s in native.element_spec.items():
+        assert s == tf.type_spec_from_value(ours[c])._unbatch()._batch(None), c
+        assert _values(got[c]) == _values(ours[c]), c

@@ -186,9 +186,15 @@ def _context_field(name: str, spec: Any, record_type: RecordType) -> pa.Field:
         return _with_info(pa.field(name, pa.list_(leaf), nullable=False), default=[])
     if kind == "RaggedFeature":
         return _ragged_field(name, spec, leaf)
-    raise SchemaError(f"a {kind} is a sequence feature; pass (context_features, sequence_features) with "
-                      "record_type='SequenceExample'" if record_type != "SequenceExample" else
-                      f"a {kind} goes in sequence_features, the pair's second dict", column=name)
+    if record_type != "SequenceExample":
+        # parse_example takes one in an Example spec: a flat feature cut into steps, padded to the longest row.
+        uniform = ", ".join(f"tf.io.RaggedFeature.UniformRowLength({d})" for d in _shape(spec, name))
+        dtype = getattr(spec.dtype, "name", spec.dtype)
+        raise SchemaError(f"a FixedLenSequenceFeature in an Example spec (parse_example pads it to the longest "
+                          f"row) is not read here; tf.io.RaggedFeature(tf.{dtype}, partitions=[{uniform}]) "
+                          "reads the same steps unpadded. For SequenceExample records pass the (context_features, "
+                          "sequence_features) pair with record_type='SequenceExample'", column=name)
+    raise SchemaError(f"a {kind} goes in sequence_features, the pair's second dict", column=name)
 
 
 def _ragged_field(name: str, spec: Any, leaf: pa.DataType) -> pa.Field:

@@ -69,9 +69,9 @@ def feature_spec(
             info = feature_info(f)
             steps = info is not None and "step_size" in info
             (sequence if steps or (is_var_list(t) and is_var_list(t.value_type)) else context)[f.name] = \
-                _spec(f, defaults.get(f.name), sequence=True)
+                field_spec(f, defaults.get(f.name), sequence=True)
         return context, sequence
-    return {f.name: _spec(f, defaults.get(f.name), sequence=False) for f in schema}
+    return {f.name: field_spec(f, defaults.get(f.name), sequence=False) for f in schema}
 
 
 def _storage(t: pa.DataType) -> pa.DataType:
@@ -86,7 +86,9 @@ def _dtype(f: pa.Field) -> tf.DType:
     return tf.dtypes.as_dtype(leaf_dtype_name(leaf))
 
 
-def _spec(f: pa.Field, default: Any, *, sequence: bool) -> FeatureSpec:
+def field_spec(f: pa.Field, default: Any = None, *, sequence: bool = False) -> FeatureSpec:
+    """The feature spec of one column (``default`` for a dense one whose field carries none); the
+    TensorFlow-native reader parses spec-derived columns with it."""
     dtype = _dtype(f)
     info = feature_info(f) or {}
     if "values" in info:

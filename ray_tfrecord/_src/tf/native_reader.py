@@ -43,13 +43,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import tensorflow as tf
 
 from ray_tfrecord._src.core.errors import SchemaError
+from ray_tfrecord._src.core.feature_specs import feature_info
 from ray_tfrecord._src.core.framing import detect_compression
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
+from ray_tfrecord._src.tf.feature_spec import field_spec
 from ray_tfrecord._src.tf.tensors import ColumnPlan, column_plans
 from ray_tfrecord._src.tf.tf_filesystems import check_tf_opens, tf_scheme
 
@@ -117,7 +120,13 @@ def _parse_dtype(dtype: tf.DType) -> tf.DType:
     return tf.float32 if dtype.is_floating else tf.int64
 
 
-def _feature(plan: ColumnPlan, column: str, default: Any) -> tf.io.FixedLenFeature | tf.io.RaggedFeature:
+def _feature(plan: ColumnPlan, field: pa.Field, default: Any) -> tf.io.FixedLenFeature | tf.io.RaggedFeature:
+    column = field.name
+    info = feature_info(field)
+    if info is not None and ("values" in info or (plan.ragged_rank == 0 and "default" in info)):
+        # Read through a feature spec (plan_splits(schema=) a dict, a TFMD Schema): parse with that spec, so
+        # its default and its partitions (another feature's values, split by others) are TensorFlow's own.
+        return field_spec(field)
     parsed = _parse_dtype(plan.dtype)
     if plan.ragged_rank == 1:
         return tf.io.RaggedFeature(parsed, row_splits_dtype=tf.int64)
@@ -229,7 +238,8 @@ def tfrecord_dataset(
     defaults = dict(defaults or {})
     plans = column_plans(plan.columns(), features + labels, defaults)
     attached = [c for c in plans if c in plan.partition_schema.names]
-    spec = {c: _feature(p, c, defaults.get(c)) for c, p in plans.items() if c not in attached}
+    fields = plan.columns()
+    spec = {c: _feature(p, fields.field(c), defaults.get(c)) for c, p in plans.items() if c not in attached}
     # A tensor index is chosen at run time: every shard's runs go into the graph.
     chosen = tf.is_tensor(index)
     shards = [shard_runs(plan, i, count) for i in range(count)] if chosen else [shard_runs(plan, int(index), count)]
@@ -339,7 +349,7 @@ class _Parse:
     @tf.autograph.experimental.do_not_convert
     def __call__(self, serialized: tf.Tensor, run: tf.Tensor | None = None) -> Any:
         tensors = tf.io.parse_example(serialized, self.spec) if self.spec else {}
-        out = {c: tf.cast(t, self.plans[c].dtype) if t.dtype != self.plans[c].dtype else t for c, t in tensors.items()}
+        out = {c: _as_planned(t, self.plans[c]) for c, t in tensors.items()}
         for c, values in self.constants.items():
             out[c] = tf.gather(values, run)
 
@@ -347,3 +357,15 @@ class _Parse:
             return out[columns] if isinstance(columns, str) else {c: out[c] for c in columns}
 
         return pick(self.features) if self.labels is None else (pick(self.features), pick(self.labels))
+
+
+def _as_planned(t: tf.Tensor | tf.RaggedTensor, plan: ColumnPlan) -> tf.Tensor | tf.RaggedTensor:
+    """``parse_example``'s tensor as ``tf_dataset`` gives the column: of its dtype, and every list level
+    ragged (a ``UniformRowLength`` partition parses as a uniform dimension; its Arrow column is a list)."""
+    if isinstance(t, tf.RaggedTensor) and any(d is not None for d in t.shape[1:plan.ragged_rank + 1]):
+        flat, splits = t.flat_values, t.nested_row_splits
+        if flat.shape.rank > 1:  # uniform innermost levels: the dense values' rows
+            inner = tf.RaggedTensor.from_tensor(flat, ragged_rank=flat.shape.rank - 1)
+            flat, splits = inner.flat_values, (*splits, *inner.nested_row_splits)
+        t = tf.RaggedTensor.from_nested_row_splits(flat, splits, validate=False)
+    return tf.cast(t, plan.dtype) if t.dtype != plan.dtype else t
