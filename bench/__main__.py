@@ -23,8 +23,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SECTIONS = ["codec", "ray_io", "feed", "train", "resume", "soak", "plan", "images", "objectstore", "ps"]
-# Run only when named in --only: slow, and they write gigabytes of scratch files.
-OPTIONAL_SECTIONS = ["scaling"]
+# Run only when named in --only: slow (scaling writes gigabytes of scratch files; races prints its own table).
+OPTIONAL_SECTIONS = ["scaling", "races"]
 
 
 def _fmt(v, digits=0):
