@@ -82,8 +82,9 @@ __all__ = [
     "Decoder", "EncodedRecords", "Encoder", "ImageError", "ImageTransform", "NotTFRecordError", "RayTaskOptions",
     "RecordType", "RecordWriter", "ResumableFeed", "SchemaError", "SplitPlan", "StallError", "TFRecordDatasink",
     "TFRecordDatasource",
-    "TFRecordError", "TFRecordSource", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
+    "TFRecordError", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
     "iter_chunks", "open_stream", "plan_splits", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
+    "TFRecordSource",
 ]
 
 

@@ -221,9 +221,10 @@ class _Local:
         cuts = np.flatnonzero(np.diff(block)) + 1
         for lo, hi in zip([0, *cuts], [*cuts, len(unique)]) if len(unique) else ():
             b, records = int(block[lo]), record[lo:hi]
-            offsets = self.block_offsets(source, b)
+            offsets, fresh = self.block_offsets(source, b)
             starts[lo:hi], ends[lo:hi] = offsets[records], offsets[records + 1]
-            parts += [(buffer, at, offsets, rs) for buffer, at, rs in self.sources(source, b, offsets, records)]
+            held = [(fresh, 0, records)] if fresh is not None else self.sources(source, b, offsets, records)
+            parts += [(buffer, at, offsets, rs) for buffer, at, rs in held]
         lengths = (ends - starts - FRAME_OVERHEAD)[slot]
         files = source._file[block]
         if len(parts) == 1:
@@ -250,16 +251,19 @@ class _Local:
 
         return RecordChunk(out, positions[slot], lengths, 0, "gathered records"), where, files[slot]
 
-    def block_offsets(self, source: TFRecordSource, b: int) -> np.ndarray:
+    def block_offsets(self, source: TFRecordSource, b: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Where block ``b``'s records start (and its end), from the block's start; and the block's bytes
+        where this call read them (its first touch)."""
         offsets = self.offsets.get(b)
-        if offsets is None:
-            # First touch: the whole block, every CRC checked, its records' starts kept.
-            buffer, starts = self.read(source, b, 0, int(source._size[b]), int(source._first[b + 1] - source._first[b]))
-            offsets = np.append(starts, source._size[b]).astype(np.uint32 if source._size[b] < 2**32 else np.int64)
-            with self.lock:
-                self.offsets[b] = offsets
-                self.keep(b, buffer)
-        return offsets
+        if offsets is not None:
+            return offsets, None
+        # First touch: the whole block, every CRC checked, its records' starts kept.
+        buffer, starts = self.read(source, b, 0, int(source._size[b]), int(source._first[b + 1] - source._first[b]))
+        offsets = np.append(starts, source._size[b]).astype(np.uint32 if source._size[b] < 2**32 else np.int64)
+        with self.lock:
+            self.offsets[b] = offsets
+            self.keep(b, buffer)
+        return offsets, buffer
 
     def sources(self, source: TFRecordSource, b: int, offsets: np.ndarray,
                 records: np.ndarray) -> list[tuple[np.ndarray, int, np.ndarray]]:
