@@ -33,16 +33,17 @@ from ray.data.dataset import MaterializedDataset
 from ray.data.datasource import Datasink, FilenameProvider, WriteResult
 
 from ray_tfrecord._src.core import options, sizes
-from ray_tfrecord._src.core.codec import RecordType, check_encodable
+from ray_tfrecord._src.core.codec import RecordType
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.data import compat, filesystems, progress
 from ray_tfrecord._src.data.compat import SaveMode
 from ray_tfrecord._src.data.task_errors import from_task, task_cause
-from ray_tfrecord._src.data.write.commit import Commit, StagedFile, TFRecordWriteResult, checkpoint_file_base
+from ray_tfrecord._src.data.write import shards
+from ray_tfrecord._src.data.write.commit import Commit, TFRecordWriteResult, checkpoint_file_base
 from ray_tfrecord._src.data.write.commit.protocol import DEFAULT_KEEP_REPLACED_S
 from ray_tfrecord._src.data.write.tf_schema import feature_types as tf_schema_kinds
-from ray_tfrecord._src.data.write.writers import WriteConfig, write_tables
+from ray_tfrecord._src.data.write.writers import WriteConfig, refuse_null_everywhere, write_tables
 
 # SaveMode: Ray's, for callers on every supported Ray (ray.data exports it from Ray 2.52 only).
 
@@ -132,6 +133,12 @@ class TFRecordDatasink(_Base):
         tf_schema: Ray's: a TFMD ``Schema`` fixing each feature's kind (``INT``, ``FLOAT``, ``BYTES``). Every
             record column must be one of its features, of that kind (a column of another kind is refused, not
             converted); all-empty list columns take its types. Example records only.
+        num_files: Write exactly this many files, rows within one of even (empty ones where rows are fewer), named
+            ``<prefix>-00000-of-000NN.tfrecord[.gz|.zlib]`` as TFDS, Beam and TFX name shards. ``write_tfrecords``
+            splits the rows so (Ray's ``repartition(N)``); before ``ds.write_datasink``, call it yourself. With
+            ``partition_cols``, N counts shards, as Spark's ``repartition(N)`` before ``partitionBy``: each writes
+            one file in each partition directory it has rows for ([Writing](../writing.md#exactly-n-files)).
+        file_prefix: ``num_files``' ``<prefix>``, default ``part-<8 hex of the write id>``; taken names are refused.
 
     Concurrent writes to one dataset (appends from several jobs, backfills, an overwrite) each commit a
     version of its log; an append never conflicts, and the rest end as if one ran after the other
@@ -164,22 +171,18 @@ class TFRecordDatasink(_Base):
         keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
         serialize_tensors: bool = False,
         tf_schema: Any = None,
+        num_files: int | None = None,
+        file_prefix: str | None = None,
     ):
         mode = options.mode(mode)
         options.compression(compression)
         options.compression_level(compression_level, compression)
         options.record_type(record_type)
-        for name, value in (("min_rows_per_file", min_rows_per_file), ("max_rows_per_file", max_rows_per_file),
-                            ("target_file_size", target_file_size)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if min_rows_per_file is not None and max_rows_per_file is not None and min_rows_per_file > max_rows_per_file:
-            raise ValueError(f"min_rows_per_file ({min_rows_per_file}) must not exceed max_rows_per_file "
-                             f"({max_rows_per_file})")
-        if filename_provider is not None and not isinstance(filename_provider, FilenameProvider):
-            raise TypeError(f"filename_provider must be a ray.data.datasource.FilenameProvider, got "
-                            f"{type(filename_provider).__name__}")
+        shards.check_file_options(num_files=num_files, file_prefix=file_prefix, min_rows_per_file=min_rows_per_file,
+                                  max_rows_per_file=max_rows_per_file, target_file_size=target_file_size,
+                                  filename_provider=filename_provider)
         self._unresolved_path = os.fspath(path)
+        self._names_from_caller = filename_provider is not None or num_files is not None  # staged: they may clash
         paths, fs = filesystems.resolve_paths([self._unresolved_path], filesystem)
         retrying = compat.retrying_filesystem(fs)
         #: The write's commit protocol: its save mode, staging directory and final moves.
@@ -190,7 +193,7 @@ class TFRecordDatasink(_Base):
             raise ValueError("partition_overwrite='dynamic' replaces the partitions the write writes; give "
                              "partition_cols, or leave partition_overwrite out to replace the whole dataset")
         self.commit = Commit(retrying, paths[0], mode, underlying=compat.unwrap_filesystem(retrying),
-                             caller_names=filename_provider is not None,
+                             caller_names=self._names_from_caller,
                              partitions_only=partition_overwrite == "dynamic", keep_replaced=keep_replaced_files)
         self._min_rows_per_file = min_rows_per_file
         self._rows_per_write: int | None = None  # Ray < 2.60: min_bytes_per_write as rows (_bundle_rows_like_bytes)
@@ -214,7 +217,10 @@ class TFRecordDatasink(_Base):
             max_open_files=self._MAX_OPEN_FILES,
             serialize_tensors=serialize_tensors,
             tf_features=None if tf_schema is None else tf_schema_kinds(tf_schema, record_type),
+            num_files=num_files,
+            file_prefix=file_prefix or shards.default_prefix(self.commit.write_id),
         )
+        self._own_prefix = file_prefix is not None
         self._started = False
         self._skips: bool | None = None  # what apply_mode decided, once
         #: Whether the write continues a job checkpoint that holds records (Ray's checkpoint filter then
@@ -282,6 +288,10 @@ class TFRecordDatasink(_Base):
                 if self._config.filename_provider is not None:
                     raise ValueError("filename_provider cannot be used with Ray's checkpoint_config: a rerun finds "
                                      "each task's files by the name Ray gave the task; leave filename_provider out")
+                if self._config.num_files is not None:
+                    raise ValueError("num_files cannot be used with Ray's checkpoint_config: a rerun writes only the "
+                                     "rows earlier runs did not, so its shards cannot be even; leave num_files out "
+                                     "(max_rows_per_file sizes files), or unset checkpoint_config")
                 if rerun is None:
                     rerun = compat.checkpoint_started(config)
                     if rerun:
@@ -290,6 +300,8 @@ class TFRecordDatasink(_Base):
                 self.commit.use_checkpoint(config.checkpoint_path, started=rerun)
                 self._config = dataclasses.replace(self._config, checkpointed=True, staging=self.commit.write_dir)
             self._skips = self.commit.apply_mode()
+            if self._own_prefix and not self._skips:
+                shards.refuse_taken_names(self.commit, self._config.file_prefix)
             if self.commit.completed is not None:
                 self.result = self.commit.completed
             elif self._skips:
@@ -312,21 +324,10 @@ class TFRecordDatasink(_Base):
         if self._skips:
             return
         returns = [ret for ret in write_result.write_returns if ret]
-        staged: list[StagedFile] = [f for ret in returns for f in ret["files"]]
         schemas: list[pa.Schema] = [s for ret in returns for s in ret.get("schemas", [])]
-        self._refuse_null_everywhere(schemas)
-        self.result = self.commit.finish(staged, schemas, names_from_caller=self._config.filename_provider is not None)
-
-    def _refuse_null_everywhere(self, written: list[pa.Schema]) -> None:
-        """Tasks write a null-typed block column as missing features, since another block may give it
-        a type; a column null-typed in every block (and not recorded before) has none, so the
-        write fails before any file moves, as it does on the driver when the schema is known."""
-        recorded = self.commit.recorded or pa.schema([])
-        typed = {f.name for s in written + [recorded] for f in s if not pa.types.is_null(f.type)}
-        for s in written:
-            for f in s:
-                if f.name not in typed:
-                    check_encodable(pa.schema([f]), self._config.record_type)
+        refuse_null_everywhere(schemas, self.commit.recorded, self._config.record_type)
+        staged = shards.complete(returns, self._config)
+        self.result = self.commit.finish(staged, schemas, names_from_caller=self._names_from_caller)
 
     def on_write_failed(self, error: Exception) -> None:
         if self.commit.checkpoint is not None:
@@ -339,7 +340,8 @@ class TFRecordDatasink(_Base):
 
     @property
     def min_rows_per_write(self) -> int | None:
-        return self._min_rows_per_file or self._rows_per_write
+        # num_files: one write task per block of the N-way split, never bundled.
+        return None if self._config.num_files is not None else self._min_rows_per_file or self._rows_per_write
 
     def _bundle_rows_like_bytes(self, ds: Dataset) -> None:
         """Ray before 2.60 ignores ``min_bytes_per_write`` and runs one write task per input block
@@ -362,8 +364,8 @@ class TFRecordDatasink(_Base):
         # so it must stay well below the store (Ray Data budgets about half of it across
         # all operators): gathering 128 MiB in a 100 MiB store stalls the upstream
         # operators on backpressure and spills (tests/test_faults.py).
-        if self.min_rows_per_write is not None:
-            return None  # the row target bundles instead (Ray accepts only one of the two)
+        if self.min_rows_per_write is not None or self._config.num_files is not None:
+            return None  # the row target bundles instead (Ray accepts only one of the two), or nothing does
         store = ray.cluster_resources().get("object_store_memory") if ray.is_initialized() else None
         if store:
             return max(1, min(self._min_bytes_per_write, int(store) // sizes.STORE_SHARE_PER_WRITE))
@@ -379,7 +381,7 @@ class TFRecordDatasink(_Base):
         """Write this task's blocks into the staging directory (Ray calls it in each write task);
         returns the staged files and the record schemas written."""
         if self._skips:
-            return {"files": [], "schemas": []}
+            return {"files": [], "schemas": [], "shard": ctx.task_idx}
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
         # Ray's id where its checkpointing or a filename_provider needs it; ours where files carry it for cleanup.
         ray_uuid = compat.write_uuid(ctx) if self._config.checkpointed or not self.commit.direct else None
@@ -395,7 +397,7 @@ class TFRecordDatasink(_Base):
                 raise ValueError("the dataset's checkpoint_config was set after the write started; set "
                                  "DataContext.get_current().checkpoint_config before creating the dataset")
             files = self.commit.publish(files, schemas, checkpoint_file_base(ctx.task_idx, write_uuid))
-        return {"files": files, "schemas": schemas}
+        return {"files": files, "schemas": schemas, "shard": ctx.task_idx}
 
 
 @public("ray_tfrecord")
@@ -420,6 +422,8 @@ def write_tfrecords(
     keep_replaced_files: float = DEFAULT_KEEP_REPLACED_S,
     serialize_tensors: bool = False,
     tf_schema: Any = None,
+    num_files: int | None = None,
+    file_prefix: str | None = None,
     concurrency: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     **task_options: Unpack[options.RayTaskOptions],
@@ -461,10 +465,14 @@ def write_tfrecords(
         keep_replaced_files=keep_replaced_files,
         serialize_tensors=serialize_tensors,
         tf_schema=tf_schema,
+        num_files=num_files,
+        file_prefix=file_prefix,
     )
     given = dict(concurrency=concurrency, ray_remote_args=ray_remote_args, **task_options)
     if sink.prepare(ds):
         return _result(sink)
+    if num_files is not None:
+        ds = ds.repartition(num_files, shuffle=False)  # N blocks of even rows, in the object store (shards.py)
     with progress.Watchdog("write_tfrecords", [progress.CHECKPOINT_FILTER] if sink.rerun else []):
         return write_prepared(ds, sink, **given)
 

@@ -3,8 +3,9 @@
 A task's tables are checked (``WriteConfig.check_schema``), split by partition directory
 (``split_by_partitions``), encoded, and written through a
 ``RecordWriter`` per file, with an index sidecar per uncompressed
-file. Files rotate by row count and size, and are named ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``
-or by the caller's ``FilenameProvider``. ``ray_tfrecord._src.data.write.commit`` then moves them into place.
+file. Files rotate by row count and size, and are named ``part-<task>-<uuid>.tfrecord[.gz|.zlib]``,
+by the caller's ``FilenameProvider``, or (``num_files``) as shard ``<task>`` of N (``shard_name``; ``shards``
+checks the N on the driver). ``ray_tfrecord._src.data.write.commit`` then moves them into place.
 On an object store they are written at their final keys instead, as ``part-<task>-<write id>-<n>``,
 and each file's index goes back to the driver for the manifest, not into a sidecar.
 """
@@ -35,6 +36,9 @@ from ray_tfrecord._src.data.write import tf_schema
 from ray_tfrecord._src.data.write.commit import StagedFile, checkpoint_file_base, make_dirs
 
 _EXTENSIONS = {None: ".tfrecord", "gzip": ".tfrecord.gz", "zlib": ".tfrecord.zlib"}
+#: Why a num_files write fails when its tasks are not the N shards of an even split (``.format(N)``).
+UNEVEN = ("the dataset did not reach the sink as {0} even blocks. write_tfrecords(ds, path, num_files={0}) splits it "
+          "so; with ds.write_datasink(sink), write ds.repartition({0}). Nothing was written")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class WriteConfig:
     list_types: tuple[tuple[str, pa.DataType], ...] = ()  # the dataset's list columns, as the driver knows them
     serialize_tensors: bool = False  # tensor columns as tf.io.serialize_tensor bytes
     tf_features: tuple[tuple[str, pa.DataType], ...] | None = None  # tf_schema=: each feature's kind (leaf type)
+    num_files: int | None = None  # each task writes shard <task> of this many: one file per directory
+    file_prefix: str = ""  # the shards' names start so
 
     @property
     def extension(self) -> str:
@@ -140,6 +146,8 @@ def write_tables(tables: Iterable[pa.Table], config: WriteConfig, task_idx: int,
 
     try:
         for table in tables:
+            if not table.num_rows:  # writes nothing (the empty blocks of Ray's split repartition have no columns)
+                continue
             # A list column whose values are all empty in a block is list<null> there, and would be
             # written as features of no kind; the element type the dataset, the dataset appended to
             # or another block of this task gives it makes them typed empty lists (``int64_list {}``),
@@ -156,6 +164,27 @@ def write_tables(tables: Iterable[pa.Table], config: WriteConfig, task_idx: int,
     finally:
         done = files.close_all()
     return done, schemas
+
+
+def refuse_null_everywhere(written: list[pa.Schema], recorded: pa.Schema | None, record_type: RecordType) -> None:
+    """Tasks write a null-typed block column as missing features, since another block may give it
+    a type; a column null-typed in every block ``written`` (and not ``recorded`` before) has none, so the
+    write fails before any file moves, as it does on the driver when the schema is known."""
+    typed = {f.name for s in [*written, recorded or pa.schema([])] for f in s if not pa.types.is_null(f.type)}
+    for s in written:
+        for f in s:
+            if f.name not in typed:
+                check_encodable(pa.schema([f]), record_type)
+
+
+def shard_name(prefix: str, index: int, count: int, extension: str) -> str:
+    """The TFDS/Beam name of shard ``index`` of ``count``: 5 digits each, more past 99999."""
+    return f"{prefix}-{index:05d}-of-{count:05d}{extension}"
+
+
+def write_empty(config: WriteConfig, rel_path: str) -> StagedFile:
+    """An empty file at ``rel_path`` (a shard with no rows: TensorFlow reads it as no records)."""
+    return _PartFile(config, rel_path).close()
 
 
 def _is_null_list(t: pa.DataType) -> bool:
@@ -261,6 +290,14 @@ class _TaskFiles:
         """The next file's name in ``part_dir``: ours, or the filename_provider's."""
         number = self._opened_in.get(part_dir, 0)
         self._opened_in[part_dir] = number + 1
+        count = self._config.num_files
+        if count is not None:
+            if self._task_idx >= count:  # the driver's check (shards.complete) would fail the write: fail it now
+                raise TFRecordError(f"num_files={count}: Ray ran write task {self._task_idx}: {UNEVEN.format(count)}",
+                                    path=self._config.path)
+            name = shard_name(self._config.file_prefix, self._task_idx, count, self._config.extension)
+            return self._only(name, number, part_dir, f"its blocks span more than {self._config.max_open_files} "
+                              "partitions", "raise num_files, so that each shard spans fewer")
         if self._config.checkpointed or self._config.direct:
             return f"{checkpoint_file_base(self._task_idx, self._write_uuid)}-{number}{self._config.extension}"
         if self._config.filename_provider is None:
@@ -270,12 +307,18 @@ class _TaskFiles:
         name = self._provided_name
         if "{i}" in name:
             return name.replace("{i}", str(number))
+        return self._only(name, number, part_dir, f"max_rows_per_file, target_file_size, or more than "
+                          f"{self._config.max_open_files} partitions in one task",
+                          "put '{i}' in the name for the file's number within the task")
+
+    def _only(self, name: str, number: int, part_dir: str, why: str, fix: str) -> str:
+        """``name``, the one file a task may write in ``part_dir`` (``number``: the files it opened there before);
+        raises for a second one, saying ``why`` a task writes several and the ``fix``."""
         if number:
             where = f"directory {part_dir!r}" if part_dir else "the dataset root"
-            raise TFRecordError(f"filename_provider named write task {self._task_idx}'s file {name!r}, but the task "
-                                f"writes more than one file in {where} (max_rows_per_file, target_file_size, or more "
-                                f"than {self._config.max_open_files} partitions in one task); put '{{i}}' in the name "
-                                "for the file's number within the task")
+            named_by = "num_files" if self._config.num_files is not None else "filename_provider"
+            raise TFRecordError(f"{named_by} named write task {self._task_idx}'s file {name!r}, but the task writes "
+                                f"more than one file in {where} ({why}); {fix}")
         return name
 
     def write(self, part_dir: str, batch: pa.RecordBatch) -> None:
