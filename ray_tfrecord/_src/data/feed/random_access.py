@@ -68,7 +68,7 @@ class TFRecordSource:
 
     Args:
         source: a dataset directory, file, glob or list of them (listed as ``read_tfrecords`` lists
-            them), or a plan of [`plan_splits`][ray_tfrecord.tf.plan_splits], whose splits are then the
+            them), or a plan of [`plan_splits`][ray_tfrecord.plan_splits], whose splits are then the
             blocks.
         schema: the columns to decode, in any dialect ``read_tfrecords`` takes; ``None`` reads the schema
             the writer recorded. Only with paths (a plan holds its schema).
