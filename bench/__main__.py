@@ -22,7 +22,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SECTIONS = ["codec", "ray_io", "feed", "train", "resume", "soak", "plan", "images", "objectstore", "ps"]
+SECTIONS = ["codec", "ray_io", "feed", "train", "resume", "soak", "plan", "images", "objectstore", "ps",
+            "random_access"]
 # Run only when named in --only: slow (scaling writes gigabytes of scratch files; races prints its own table).
 OPTIONAL_SECTIONS = ["scaling", "races"]
 
