@@ -43,6 +43,7 @@ from ._src.core.manifest import ConflictError
 from ._src.core.options import RayTaskOptions
 from ._src.core.public import lazy_names as _lazy_names
 from ._src.core.schema import infer_schema
+from ._src.core.spec_export import tfmd_schema
 
 if TYPE_CHECKING:
     from ._src.data.feed.images import ImageError, ImageTransform
@@ -84,7 +85,7 @@ __all__ = [
     "TFRecordDatasource",
     "TFRecordError", "TransformError", "check_encodable", "decode", "decode_records", "encode", "infer_schema",
     "iter_chunks", "open_stream", "plan_splits", "read_tfrecords", "set_stall_timeout", "write_tfrecords",
-    "TFRecordSource",
+    "TFRecordSource", "tfmd_schema",
 ]
 
 

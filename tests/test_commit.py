@@ -16,6 +16,7 @@ from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
 from ray_tfrecord._src.core.manifest import list_versions, read_manifest, read_version
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
+from ray_tfrecord._src.core.spec_export import TFMD_SCHEMA_FILE
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile, log
 from tests.filesystems import DelegatingHandler
 
@@ -40,8 +41,10 @@ def _schema(**types: pa.DataType) -> pa.Schema:
 
 def _tree(root) -> list[str]:
     """Every file under ``root`` outside the staging directories and the log, relative, sorted."""
-    files = (os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
-    return sorted(f for f in files if not f.startswith((f"{STAGING_DIR}/", LOG_PREFIX)))
+    files = [os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names]
+    # The recorded schema's TFMD text goes with it (these schemas all have one; test_feature_specs reads it).
+    assert (TFMD_SCHEMA_FILE in files) == (SCHEMA_FILE in files)
+    return sorted(f for f in files if not f.startswith((f"{STAGING_DIR}/", LOG_PREFIX)) and f != TFMD_SCHEMA_FILE)
 
 
 def _write(path, mode: str, *names: str, schema: pa.Schema | None = None, keep_replaced: float = 0) -> Commit:
@@ -274,7 +277,7 @@ def test_a_rerun_after_ray_deleted_its_checkpoint_only_completes_the_commit(tmp_
     assert rerun.apply_mode()  # nothing to write
     assert rerun.completed is not None and rerun.completed.num_rows == 0
     assert sorted(n for n in os.listdir(out) if not n.startswith(LOG_PREFIX)) == sorted([SCHEMA_FILE, SUCCESS_MARKER,
-                                              f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
+                                              TFMD_SCHEMA_FILE, f"_index.part-00000-{'a' * 32}-0%2Etfrecord",
                                               f"part-00000-{'a' * 32}-0.tfrecord"])
 
 

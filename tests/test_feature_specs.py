@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+import ray_tfrecord
 from ray_tfrecord import DecodeError, SchemaError
 from ray_tfrecord._src.core import codec
 from ray_tfrecord._src.core.feature_specs import arrow_schema, ray_tf_schema
@@ -327,3 +328,105 @@ def test_read_tfrecords_and_plan_splits_take_each_dialect_and_rays_tf_schema(ray
         ray_tfrecord.read_tfrecords(str(tmp_path), schema=spec, tf_schema=tfmd)
     plan = plan_splits(str(tmp_path), schema=spec)
     assert plan.schema == arrow_schema(spec)
+
+
+def _tft_spec(schema) -> dict:
+    """TensorFlow Transform's schema_as_feature_spec (tfx-bsl cannot share Ray's environment): a feature with a
+    shape (and presence.min_fraction 1, which it requires) a FixedLenFeature, any other a VarLenFeature."""
+    dtypes = {schema_pb2.INT: tf.int64, schema_pb2.FLOAT: tf.float32, schema_pb2.BYTES: tf.string}
+    spec = {}
+    for f in schema.feature:
+        if f.HasField("shape"):
+            assert f.presence.min_fraction == 1
+            spec[f.name] = tf.io.FixedLenFeature([d.size for d in f.shape.dim], dtypes[f.type])
+        else:
+            spec[f.name] = tf.io.VarLenFeature(dtypes[f.type])
+    return spec
+
+
+def _storage(t: pa.DataType) -> pa.DataType:
+    return t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+
+
+def _storage_of(arr: pa.Array) -> pa.Array:
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+
+
+_TFMD_COLUMNS = {  # Arrow type, a value; each column's TFMD type is what its values are written as
+    "i8": (pa.int8(), -3), "u32": (pa.uint32(), 7), "flag": (pa.bool_(), True), "f16": (pa.float16(), 0.5),
+    "f64": (pa.float64(), 2.25), "s": (pa.string(), "é\"\\"), "b": (pa.binary(), b"\x00\xff"),
+    "xy": (pa.list_(pa.float32(), 2), [1.5, -1.0]), "img": (pa.fixed_shape_tensor(pa.int64(), [2, 2]), [1, 2, 3, 4]),
+    "tokens": (pa.list_(pa.int32()), [1, 2]), "tags": (pa.large_list(pa.string()), ["a"]),
+    "名 \n": (pa.int64(), 5),
+}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(sorted(_TFMD_COLUMNS)), min_size=1, max_size=6, unique=True),
+       st.lists(st.booleans(), min_size=1, max_size=5))
+def test_property_tfmd_schema_reads_back_the_same_values_and_parses_as_tensorflow_transform_would(
+        tmp_path, names, empty):
+    schema = pa.schema([(n, _TFMD_COLUMNS[n][0]) for n in names])
+    columns = {}
+    for n in names:
+        t, v = _TFMD_COLUMNS[n]
+        listed = pa.types.is_list(t) or pa.types.is_large_list(t)
+        arr = pa.array([[] if e and listed else v for e in empty], _storage(t))
+        columns[n] = pa.ExtensionArray.from_storage(t, arr) if isinstance(t, pa.BaseExtensionType) else arr
+    batch = pa.record_batch(list(columns.values()), schema=schema)
+    path = tmp_path / "p.tfrecord"
+    path.write_bytes(bytes(codec.encode(batch).data))
+    tfmd = ray_tfrecord.tfmd_schema(schema)
+    assert text_format.Parse(text_format.MessageToString(tfmd), schema_pb2.Schema()) == tfmd
+    # schema= reads it back to the values written, widened to the three TFRecord kinds.
+    wide = arrow_schema(tfmd)
+    assert wide.names == names
+    ours = _read(str(path), tfmd)
+    for n in names:
+        want = _storage_of(columns[n]).cast(_storage(wide.field(n).type)).to_pylist()
+        assert [r[n] for r in ours] == want, n
+    # TFMD -> feature spec (ours, and TensorFlow Transform's rule) parses as tf.io.parse_example does.
+    spec = feature_spec(tfmd)
+    assert spec == _tft_spec(tfmd)
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    theirs = _tf_rows(tf.io.parse_example(records, _tft_spec(tfmd)), len(records))
+    assert _dense(ours, spec) == theirs
+
+
+def test_tfmd_schema_refuses_what_a_tfmd_feature_cannot_say_naming_the_column(tmp_path):
+    for name, match in [("label", "a FixedLenFeature's default_value has no TFMD form"),
+                        ("nested", "a RaggedFeature built from other features"),
+                        ("by_len", "a RaggedFeature built from other features")]:
+        with pytest.raises(SchemaError, match=f"column '{name}': {match}"):
+            ray_tfrecord.tfmd_schema(arrow_schema({name: SPEC[name]}))
+    with pytest.raises(SchemaError, match="column 'n': a list<null> column"):
+        ray_tfrecord.tfmd_schema(pa.schema([("n", pa.list_(pa.null()))]))
+    with pytest.raises(SchemaError, match="column 'seq': a list<list<T>> column is a SequenceExample feature list"):
+        ray_tfrecord.tfmd_schema(pa.schema([("seq", pa.list_(pa.list_(pa.int64())))]))
+    # Those a VarLenFeature or a plain RaggedFeature parses map: the same rows of values.
+    assert [f.name for f in ray_tfrecord.tfmd_schema(arrow_schema({k: SPEC[k] for k in ("tokens", "words", "x")}))
+            .feature] == ["tokens", "words", "x"]
+
+
+@pytest.mark.slow
+def test_a_write_records_its_schema_for_plain_tf_data_and_tfx(ray_local, tmp_path):
+    """write_tfrecords leaves the TFMD text of what it wrote beside the Arrow schema: loaded by text_format
+    alone (as TFX's ImportSchemaGen or TFDV's load_schema_text load it), its features parse the files with
+    tf.io.parse_example to the written values; feature_spec(dataset) gives the specs (as Arrow types them)."""
+    import ray
+
+    import ray_tfrecord
+
+    table = pa.table({"id": pa.array([1, 2, 3], pa.int16()), "x": pa.array([[1.5, 2.0]] * 3, pa.list_(pa.float32(), 2)),
+                      "tokens": pa.array([[1], [], [2, 3]], pa.list_(pa.int64())), "s": pa.array(["a", "b", "c"])})
+    out = str(tmp_path / "out")
+    ray_tfrecord.write_tfrecords(ray.data.from_arrow(table), out)
+    with open(f"{out}/_tfrecord_schema.pbtxt") as f:
+        recorded = text_format.Parse(f.read(), schema_pb2.Schema())
+    assert recorded == ray_tfrecord.tfmd_schema(out)
+    files = tf.io.gfile.glob(f"{out}/part-*")
+    for spec in (_tft_spec(recorded), feature_spec(out)):
+        parsed = tf.data.TFRecordDataset(files).batch(10).map(lambda s, spec=spec: tf.io.parse_example(s, spec))
+        rows = sorted((r for batch in parsed for r in _tf_rows(batch, len(batch["id"]))), key=lambda r: r["id"])
+        assert rows == [{**r, "s": r["s"].encode()} for r in table.to_pylist()]
+    assert ray_tfrecord.read_tfrecords(out, schema=f"{out}/_tfrecord_schema.pbtxt").count() == 3

@@ -48,12 +48,13 @@ from .options import RecordType
 from .public import public
 from .types import KIND_NAMES, NATIVE_LEAF, record_type_code
 
-_RECORD_TYPE_KEY = b"ray_tfrecord.record_type"
+#: The recorded schema's metadata key naming its records' type (Example or SequenceExample).
+RECORD_TYPE_KEY = b"ray_tfrecord.record_type"
 
 
 def stored_schema(fields: Iterable[pa.Field], record_type: RecordType) -> pa.Schema:
     """The schema to record for records of ``record_type`` with these fields."""
-    return pa.schema([f.remove_metadata() for f in fields], metadata={_RECORD_TYPE_KEY: record_type.encode()})
+    return pa.schema([f.remove_metadata() for f in fields], metadata={RECORD_TYPE_KEY: record_type.encode()})
 
 
 def read_stored_schema(filesystem, root: str, record_type: RecordType | None = None) -> pa.Schema | None:
@@ -63,7 +64,7 @@ def read_stored_schema(filesystem, root: str, record_type: RecordType | None = N
             schema = pa.ipc.read_schema(pa.py_buffer(f.read()))
     except (FileNotFoundError, OSError, pa.ArrowInvalid):
         return None
-    if record_type is not None and (schema.metadata or {}).get(_RECORD_TYPE_KEY) != record_type.encode():
+    if record_type is not None and (schema.metadata or {}).get(RECORD_TYPE_KEY) != record_type.encode():
         return None
     return schema
 
@@ -73,7 +74,7 @@ def merge_recorded(recorded: pa.Schema, appended: pa.Schema, *, path: str | None
     added: every recorded column keeps its type, new columns follow, and a column that some
     records lack is nullable. Raises ``SchemaError`` when a column changes type (``path``,
     the dataset, goes in the message)."""
-    kind, new_kind = ((s.metadata or {}).get(_RECORD_TYPE_KEY) for s in (recorded, appended))
+    kind, new_kind = ((s.metadata or {}).get(RECORD_TYPE_KEY) for s in (recorded, appended))
     if kind != new_kind:
         raise SchemaError(f"the dataset holds {_decoded(kind)} records, not {_decoded(new_kind)}; pass "
                           f"record_type={_decoded(kind)!r} or write to another path", path=path)

@@ -23,6 +23,7 @@ from ray_tfrecord._src.core.layout import (
     is_hidden,
 )
 from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest, version_path
+from ray_tfrecord._src.core.spec_export import TFMD_SCHEMA_FILE
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -31,7 +32,7 @@ _THREADS = 32
 #: A checkpointed job's staging directory under ``_temporary/`` starts so (commit.Commit.use_checkpoint).
 CHECKPOINT_STAGING = "checkpoint-"
 # What a dataset root holds besides data files and sidecars, kept by an object store's commit.
-_BOOKKEEPING = {INDEX_PREFIX, MANIFEST_FILE, SCHEMA_FILE, SUCCESS_MARKER}
+_BOOKKEEPING = {INDEX_PREFIX, MANIFEST_FILE, SCHEMA_FILE, TFMD_SCHEMA_FILE, SUCCESS_MARKER}
 # The data files of checkpointed tasks (commit.checkpoint_file_base), as an index sidecar names them.
 _CHECKPOINTED_FILE = re.compile(r"part-\d{5,}-[0-9a-f]+-\d+")
 

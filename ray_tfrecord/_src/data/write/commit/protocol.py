@@ -75,6 +75,7 @@ from ray_tfrecord._src.core.manifest import (
     write_manifest,
 )
 from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
+from ray_tfrecord._src.core.spec_export import record_tfmd
 from ray_tfrecord._src.data.write.commit import log
 from ray_tfrecord._src.data.write.dataset_files import (
     CHECKPOINT_STAGING,
@@ -467,6 +468,7 @@ class Commit:
                 f.write(merged.serialize())
         elif fs.get_file_info(path).type == pafs.FileType.File:
             fs.delete_file(path)
+        record_tfmd(fs, self.path, merged)  # its TFMD text beside it, for TFX and plain tf.data
 
     def _schema_records(self) -> list[pa.Schema]:
         """The schemas a checkpointed job's tasks recorded, in every run so far."""
