@@ -211,8 +211,19 @@ class _Local:
         """The frames of records ``wanted`` as one chunk, in that order; a function from a position in it
         to (file, offset), or ``None`` where the chunk is one file's and so says it itself; and each
         record's file number."""
+        if len(wanted) == 1:
+            # One record (Grain asks for them one by one): the steps below on plain integers, where their
+            # NumPy calls on arrays of one cost more than the read.
+            b = int(np.searchsorted(source._first, wanted[0], side="right")) - 1
+            r = int(wanted[0] - source._first[b])
+            offsets, fresh = self.block_offsets(source, b)
+            ((buffer, at, _),) = [(fresh, 0, None)] if fresh is not None else self.sources(source, b, offsets,
+                                                                                            np.array([r]))
+            start, end, file = int(offsets[r]), int(offsets[r + 1]), source._file[b:b + 1]
+            return (RecordChunk(buffer, np.array([start - at]), np.array([end - start - FRAME_OVERHEAD]),
+                                int(source._start[b]) + at, source._paths[file[0]]), None, file)
         # Each record read once, however often it is asked for.
-        unique, slot = (wanted, np.zeros(1, np.intp)) if len(wanted) == 1 else np.unique(wanted, return_inverse=True)
+        unique, slot = np.unique(wanted, return_inverse=True)
         block = np.searchsorted(source._first, unique, side="right") - 1
         record = unique - source._first[block]
         parts: list[tuple[np.ndarray, int, np.ndarray, np.ndarray]] = []  # buffer, its start, offsets, records
