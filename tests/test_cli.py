@@ -199,7 +199,7 @@ def test_convert_compression_level_needs_compression_and_a_zlib_level(tmp_path, 
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(src), str(tmp_path / "out"), "--min-rows-per-file", "0"])
     assert exit_.value.code == 2
-    assert "argument --min-rows-per-file: expected a positive number of rows; got '0'" in capsys.readouterr().err
+    assert "argument --min-rows-per-file: expected a positive integer; got '0'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -247,3 +247,17 @@ def test_num_cpus_starts_a_local_ray_of_its_own(monkeypatch, num_cpus, expected)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     cli._ensure_ray(num_cpus)
     assert [{k: v for k, v in call.items() if k in ("address", "num_cpus")} for call in calls] == [expected]
+
+
+def test_convert_num_files(ray_local, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(300))}), src)
+    dst = tmp_path / "out"
+    assert main(["convert", str(src), str(dst), "--num-files", "3", "--file-prefix", "train"]) == 0
+    assert "wrote 300 records in 3 files" in capsys.readouterr().out
+    names = sorted(p for p in os.listdir(dst) if not p.startswith("_"))
+    assert names == [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)]
+    assert [sum(1 for _ in tf.data.TFRecordDataset(str(dst / n))) for n in names] == [100] * 3
+    assert main(["convert", str(src), str(tmp_path / "o2"), "--num-files", "3", "--max-rows-per-file", "10"]) == 2
+    assert "num_files=3 writes exactly 3 files of balanced rows, which max_rows_per_file would" in \
+        capsys.readouterr().err

@@ -5,6 +5,7 @@ examples:
   ray-tfrecord verify /data/train            full CRC scan; exit 1 on damage
   ray-tfrecord index /data/train             write index sidecars so reads can split files
   ray-tfrecord convert data.parquet out/ --partition-by day --compression gzip
+  ray-tfrecord convert data.parquet out/ --num-files 128 --file-prefix train
   ray-tfrecord clean gs://bucket/train/ --dry-run   what killed writes left behind
   ray-tfrecord tensorboard /tmp/runs/my_run/tensorboard   TensorBoard on a training run's logs
 
@@ -257,6 +258,8 @@ def _cmd_convert(args) -> int:
         mode=args.mode,
         min_rows_per_file=args.min_rows_per_file,
         max_rows_per_file=args.max_rows_per_file,
+        num_files=args.num_files,
+        file_prefix=args.file_prefix,
         allow_float64_narrowing=args.allow_float64_narrowing,
         allow_decimal_narrowing=args.allow_decimal_narrowing,
     )
@@ -299,7 +302,7 @@ def _positive(text: str) -> int:
     except ValueError:
         value = 0
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of rows; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
     return value
 
 
@@ -375,6 +378,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="gather at least this many rows per write task (so per file) before writing; a hint, "
                         "as in Ray's write_tfrecords")
     p.add_argument("--max-rows-per-file", type=_positive, help="start a new file after this many rows")
+    p.add_argument("--num-files", type=_positive, metavar="N",
+                   help="write exactly N files of balanced rows, named PREFIX-00000-of-0000N.tfrecord as TFDS and "
+                        "Beam name shards")
+    p.add_argument("--file-prefix", metavar="PREFIX",
+                   help="the names' prefix with --num-files (default: part-<8 hex of the write's id>)")
     # The library names these fixes by their keyword (allow_float64_narrowing=True); errors show the flag.
     flags: dict[str, str] = {}  # keyword: flag
     for flag, help_text in (
