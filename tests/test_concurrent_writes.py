@@ -3,7 +3,9 @@ releases them together), on local disk, S3 (moto) and GCS (fake-gcs-server), rep
 are in the dataset exactly once; an overwrite racing an append ends as one order of the two would; two
 partition backfills of different days both land; a reader polling the dataset while overwrites commit
 never sees an error or a mix; a read planned before an overwrite whose files then expired is told which
-commit replaced them; a ``mode="error"`` write that loses to another gets a ``ConflictError`` naming it.
+commit replaced them, and its ``count()`` still answers from the manifest; a ``mode="error"`` write that loses
+to another gets a ``ConflictError`` naming it; driver processes sharing one Ray append through
+``write_tfrecords`` at once, on every store.
 """
 
 from __future__ import annotations
