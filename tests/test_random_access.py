@@ -224,3 +224,29 @@ def test_pytorch_map_style_fetches(source, written):
     batch = pickle.loads(pickle.dumps(source)).__getitems__(indices)
     assert isinstance(batch, list) and [int(r["id"]) for r in batch] == indices
     assert int(source[indices[0]]["id"]) == indices[0] and len(source) == sum(COUNTS)
+
+
+@pytest.mark.slow  # a local S3 server
+@pytest.mark.timeout(300)
+def test_on_s3_a_warm_random_record_is_one_request(written):
+    from bench.proxy import LatencyProxy
+    from tests.filesystems import moto_s3, s3_filesystem
+
+    paths, records = written
+    with moto_s3("random") as endpoint, LatencyProxy(endpoint) as proxy:
+        fs = s3_filesystem(proxy.endpoint)
+        keys = [f"random/data/part-{k}.tfrecord" for k in range(len(paths))]
+        for path, key in zip(paths, keys):
+            with open(path, "rb") as src, fs.open_output_stream(key) as dst:
+                dst.write(src.read())
+        source = TFRecordSource([f"s3://{k}" for k in keys], schema=SCHEMA, raw=True, filesystem=fs,
+                                block_bytes=BLOCK, cache_bytes=0)
+        wanted = [int(i) for i in np.random.default_rng(2).permutation(len(records))[:30]]
+        source.__getitems__(range(len(records)))  # every block touched, every file open
+        proxy.reset()
+        assert [source[i] for i in wanted] == [records[i] for i in wanted]
+        assert proxy.count() == len(wanted)  # one ranged GET a record
+        proxy.reset()
+        assert source.__getitems__(list(range(40, 90))) == records[40:90]
+        blocks = set(np.searchsorted(source._first, range(40, 90), side="right"))
+        assert len(blocks) > 1 and proxy.count() == len(blocks)  # adjacent records: one request a block
