@@ -228,7 +228,7 @@ def test_pytorch_map_style_fetches(source, written):
 
 @pytest.mark.slow  # a local S3 server
 @pytest.mark.timeout(300)
-def test_on_s3_a_warm_random_record_is_one_request(written):
+def test_on_s3_a_random_record_is_one_request_and_records_in_order_one_a_block(written):
     from bench.proxy import LatencyProxy
     from tests.filesystems import moto_s3, s3_filesystem
 
@@ -250,3 +250,12 @@ def test_on_s3_a_warm_random_record_is_one_request(written):
         assert source.__getitems__(list(range(40, 90))) == records[40:90]
         blocks = set(np.searchsorted(source._first, range(40, 90), side="right"))
         assert len(blocks) > 1 and proxy.count() == len(blocks)  # adjacent records: one request a block
+        # In order, one by one, with a cache of about two blocks (each evicted before it comes round again):
+        # a block's first miss reads its record, the second the block, which serves the rest.
+        ordered = TFRecordSource([f"s3://{k}" for k in keys], schema=SCHEMA, raw=True, filesystem=fs,
+                                 block_bytes=BLOCK, cache_bytes=2 * BLOCK + 1024)
+        ordered.__getitems__(range(len(records)))
+        proxy.reset()
+        assert [ordered[i] for i in range(300, len(records))] == records[300:]
+        blocks = set(np.searchsorted(ordered._first, range(300, len(records)), side="right"))
+        assert proxy.count() <= 2 * len(blocks) < len(records) - 300

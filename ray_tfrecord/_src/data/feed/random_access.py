@@ -284,9 +284,10 @@ class _Local:
             if cached is not None:
                 self.blocks.move_to_end(b)
                 return [(cached, 0, records)]
-            again, self.last_miss = self.last_miss == b, b
+            again, self.last_miss = self.last_miss == b and source._size[b] <= self.cache_limit, b
         if again:
-            # A second miss in a row in this block: reading in order, so read the block whole again.
+            # A second miss in a row in this block: reading in order, so read the block whole again (where
+            # the cache will keep it).
             buffer, _ = self.read(source, b, 0, int(source._size[b]), int(source._first[b + 1] - source._first[b]))
             with self.lock:
                 self.keep(b, buffer)
