@@ -20,6 +20,7 @@ files and Grain over ArrayRecord holding the same serialized records, same run.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -34,17 +35,21 @@ BATCH = 256
 ROUNDS = 3
 LATENCY_S = 0.020
 STORE_RECORDS = 150  # random records read one by one on each object store: 3 s at 20 ms each
+# Records timed per figure where a record costs tens of microseconds or more (one by one, Grain).
+TIMED = 10_000
 _STORES = {"s3": (moto_s3, s3_filesystem, "s3://"), "gcs": (fake_gcs, gcs_filesystem, "gs://")}
 
 
-def _rate(rows: int, run: Callable[[], object]) -> float:
-    """The median rows/s over a few runs."""
-    times = []
+def _rates(runs: dict[str, tuple[int, Callable[[], object]]]) -> dict[str, float]:
+    """Each run's median rows/s over a few rounds, the runs taking turns within each round, so that a burst of
+    load from other processes does not land on one of them only."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return rows / statistics.median(times)
+        for name, (_, run) in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    return {name: runs[name][0] / statistics.median(t) for name, t in times.items()}
 
 
 def _records(files: list[str]) -> list[bytes]:
@@ -86,11 +91,12 @@ def _local_rows(ctx, files: list[str], schema: pa.Schema) -> list[dict]:  # type
     mb = ctx.bytes("tabular") / 1e6
     order = np.random.default_rng(0).permutation(n)
     batches = [order[i:i + BATCH] for i in range(0, n, BATCH)]
-    rows = []
+    timed = min(n, TIMED) // BATCH * BATCH
+    runs: dict[str, tuple[int, Callable[[], object]]] = {}
+    notes: dict[str, str] = {}
 
-    def row(impl: str, rate: float, note: str) -> None:
-        rows.append({"bench": "random_access", "dataset": "tabular", "impl": impl, "rows_per_s": rate,
-                     "mb_per_s": rate * mb / n, "note": note})
+    def add(impl: str, rows: int, run: Callable[[], object], note: str) -> None:
+        runs[impl], notes[impl] = (rows, run), note
 
     decoder = Decoder(schema)
 
@@ -100,19 +106,17 @@ def _local_rows(ctx, files: list[str], schema: pa.Schema) -> list[dict]:  # type
                 for chunk in iter_chunks(f, path=path):
                     decoder.decode(chunk)
 
-    row("in-process ray_tfrecord codec, sequential", _rate(n, sequential), "iter_chunks + Decoder over the files")
+    add("in-process ray_tfrecord codec, sequential", n, sequential, "iter_chunks + Decoder over the files")
     for cache, label in ((DEFAULT_CACHE_BYTES, "cache 64 MiB"), (0, "no cache")):
         source = TFRecordSource(files, schema=schema, cache_bytes=cache)
         source.__getitems__(range(n))  # warm: every block touched once
-        ones = order[:n // 5]
-        row(f"ray_tfrecord TFRecordSource, random, one by one ({label})",
-            _rate(len(ones), lambda s=source, ones=ones: [s[int(i)] for i in ones]),
-            "source[i] in a random order, warm")
-        row(f"ray_tfrecord TFRecordSource, random, batches of {BATCH} ({label})",
-            _rate(n, lambda s=source: [s.__getitems__(b) for b in batches]), "__getitems__, random order, warm")
+        add(f"ray_tfrecord TFRecordSource, random, one by one ({label})", timed,
+            lambda s=source: [s[int(i)] for i in order[:timed]], "source[i] in a random order, warm")
+        add(f"ray_tfrecord TFRecordSource, random, batches of {BATCH} ({label})", n,
+            lambda s=source: [s.__getitems__(b) for b in batches], "__getitems__, random order, warm")
     in_order = [np.arange(i, min(n, i + BATCH)) for i in range(0, n, BATCH)]
-    row(f"ray_tfrecord TFRecordSource, in order, batches of {BATCH}",
-        _rate(n, lambda: [source.__getitems__(b) for b in in_order]), "__getitems__ over 0, 1, 2, ... (no cache)")
+    add(f"ray_tfrecord TFRecordSource, in order, batches of {BATCH}", n,
+        lambda: [source.__getitems__(b) for b in in_order], "__getitems__ over 0, 1, 2, ... (no cache)")
 
     raw = TFRecordSource(files, schema=schema, raw=True)
     arrays = grain.sources.ArrayRecordDataSource(_array_records(_records(files), f"{ctx.tmp}/array_record",
@@ -126,20 +130,23 @@ def _local_rows(ctx, files: list[str], schema: pa.Schema) -> list[dict]:  # type
     for name, src in (("ray_tfrecord TFRecordSource", raw), ("ArrayRecordDataSource", arrays)):
         src[0]
         ds = grain.MapDataset.source(src).shuffle(seed=0).batch(BATCH, batch_fn=decoded)
-        row(f"Grain MapDataset over {name}", _rate(n, lambda ds=ds: list(ds)),
+        add(f"Grain MapDataset over {name}", timed, lambda ds=ds: [ds[j] for j in range(timed // BATCH)],
             "shuffle(seed).batch(256), serialized records decoded by decode_records per batch")
         loader = grain.DataLoader(data_source=src, operations=[grain.transforms.Batch(BATCH)],
                                   sampler=grain.samplers.IndexSampler(n, shuffle=True, seed=0, num_epochs=1),
                                   worker_count=0)
-        row(f"Grain DataLoader over {name}", _rate(n, lambda loader=loader: list(loader)),
+        add(f"Grain DataLoader over {name}", timed,
+            lambda loader=loader: list(itertools.islice(loader, timed // BATCH)),
             "IndexSampler(shuffle=True), 16 reader threads, serialized records batched")
     fixed = [f.name for f in schema if not pa.types.is_list(f.type)]
     ours = TFRecordSource(files, schema=schema, columns=fixed)
     ours[0]
     ds = grain.MapDataset.source(ours).shuffle(seed=0).batch(BATCH)
-    row("Grain MapDataset over ray_tfrecord TFRecordSource (decoded)", _rate(n, lambda: list(ds)),
+    add("Grain MapDataset over ray_tfrecord TFRecordSource (decoded)", timed,
+        lambda: [ds[j] for j in range(timed // BATCH)],
         f"records decoded by the source, {len(fixed)} fixed-shape columns, stacked by Grain")
-    return rows
+    return [{"bench": "random_access", "dataset": "tabular", "impl": impl, "rows_per_s": rate,
+             "mb_per_s": rate * mb / n, "note": notes[impl]} for impl, rate in _rates(runs).items()]
 
 
 def _store_rows(kind: str, files: list[str], schema: pa.Schema, n: int) -> list[dict]:
