@@ -8,8 +8,9 @@ its records starts (4 bytes a record), and keeps the block's bytes in a small pe
 (``cache_bytes``, least recently used). Then a record costs one ranged read of its own frame, its
 CRCs checked, unless its block is cached; records of one block asked together are read in one
 request (``_HOLE_BYTES`` apart or closer), and a second miss in the block missed last reads the
-block whole again, so reading in order costs a request a block, not one a record. A batch is decoded
-by one native call, its frames gathered into one buffer in the order asked.
+block whole again where the cache will keep it, so reading in order costs two requests a block, not
+one a record. A batch is decoded by one native call: from the one buffer that holds its records, or
+their frames gathered into one buffer in the order asked.
 
 Nothing open travels in a pickle: a Grain or PyTorch worker process opens its files and builds its
 offsets and cache itself, on first use (and again after a ``fork``).
