@@ -26,7 +26,8 @@ are cached for a second), and its first block waits for 128 MiB of rows. Each is
 per-run cost left to spread once its warm-up has traced the graph, and it is slow on the
 tabular set); Ray's built-in reader reads the files once (it is slow enough already). Likewise
 our writer writes ``WRITE_PASSES`` passes (the fastest of ``REPEAT`` writes) and Ray's writer
-one pass once, both from a materialised dataset. MB/s is on-disk TFRecord bytes read, or
+one pass once, both from a materialised dataset; ours also writes those rows as ``SHARDS`` files, by
+``max_rows_per_file`` and by ``num_files``. MB/s is on-disk TFRecord bytes read, or
 bytes written, per second. Ray Data runs with its defaults (no ``override_num_blocks``).
 """
 
@@ -52,6 +53,7 @@ TF_PASSES = 10
 WRITE_PASSES = 10
 BATCH_SIZE = 1024
 REPEAT = 3  # reads timed this many times, the fastest kept (not Ray's built-in reader: too slow)
+SHARDS = 128  # files the max_rows_per_file and num_files writes make of the same rows
 
 
 def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
@@ -93,6 +95,19 @@ def _decode_in_process(files: List[str], schema: pa.Schema, threads: int) -> int
 
     with ThreadPoolExecutor(threads) as pool:
         return sum(pool.map(lambda f: _decode_native([f], schema), files))
+
+
+def _file_rows(files: list[str]) -> list[int]:
+    """Each uncompressed TFRecord file's records, counted from its framing (length, CRC, data, CRC)."""
+    counts = []
+    for f in files:
+        with open(f, "rb") as stream:
+            n = 0
+            while header := stream.read(12):
+                stream.seek(int.from_bytes(header[:8], "little") + 4, os.SEEK_CUR)
+                n += 1
+        counts.append(n)
+    return counts
 
 
 def _dir_bytes(path: str) -> int:
@@ -206,6 +221,17 @@ def _bench_dataset(ctx, name: str, cpus: int) -> List[dict]:
     ours_write = rows / secs
     out.append(_row(name, f"ray_tfrecord write ({tag})", rows, secs, _dir_bytes(ours_dir),
                     f"{WRITE_PASSES} passes; a 100-row write takes {small_secs * 1000:.0f} ms"))
+    # The same rows in SHARDS files: cut by max_rows_per_file (per write task, so a task's last file is short),
+    # and num_files (Ray's split repartition, then one task a shard: rows within one of even).
+    per_file = -(-rows // SHARDS)
+    for how, kwargs in ((f"max_rows_per_file={per_file}", {"max_rows_per_file": per_file}),
+                        (f"num_files={SHARDS}", {"num_files": SHARDS})):
+        rows, secs = _best(lambda kw=kwargs: ray_tfrecord.write_tfrecords(ds_many, ours_dir, mode="overwrite",
+                                                                          **kw).num_rows)
+        counts = _file_rows([os.path.join(ours_dir, f) for f in os.listdir(ours_dir) if not f.startswith("_")])
+        out.append(_row(name, f"ray_tfrecord write, {how} ({tag})", rows, secs, _dir_bytes(ours_dir),
+                        f"{WRITE_PASSES} passes; {len(counts)} files of {min(counts)}-{max(counts)} rows; "
+                        f"{rows / secs / ours_write:.2f}x the default write"))
     try:
         small.write_tfrecords(ray_dir + "-warm")
         rows, secs = _timed(lambda: (ds.write_tfrecords(ray_dir), ds.count())[1])
