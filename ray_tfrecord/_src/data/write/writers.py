@@ -146,7 +146,7 @@ def write_tables(tables: Iterable[pa.Table], config: WriteConfig, task_idx: int,
 
     try:
         for table in tables:
-            if not table.num_rows:  # writes nothing (the empty blocks of Ray's split repartition have no columns)
+            if not table.num_columns:  # the empty blocks of Ray's split repartition (num_files): nothing to write
                 continue
             # A list column whose values are all empty in a block is list<null> there, and would be
             # written as features of no kind; the element type the dataset, the dataset appended to
