@@ -13,10 +13,9 @@ import pytest
 
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
-from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER
+from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER, TFMD_SCHEMA_FILE
 from ray_tfrecord._src.core.manifest import list_versions, read_manifest, read_version
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
-from ray_tfrecord._src.core.spec_export import TFMD_SCHEMA_FILE
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile, log
 from tests.filesystems import DelegatingHandler
 

@@ -41,7 +41,8 @@ def root_entries(root, *names) -> list:
     """What a committed dataset's root holds: the markers, ``names``, one sidecar per data file and the log's
     versions, every one up to the latest (none has expired: they are younger than ``LOG_KEEP_S``)."""
     sidecars = [os.path.basename(index_path(f)) for f in visible_files(root)]
-    return sorted(["_SUCCESS", "_tfrecord_schema.arrow", *log_entries(root), *names, *sidecars])
+    bookkeeping = ["_SUCCESS", "_tfrecord_schema.arrow", "_tfrecord_schema.pbtxt", *log_entries(root)]
+    return sorted([*bookkeeping, *names, *sidecars])
 
 
 

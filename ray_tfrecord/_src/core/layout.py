@@ -21,6 +21,9 @@ STAGING_DIR = "_temporary"
 #: The records' Arrow schema as written (hidden, like ``_SUCCESS``), so a read restores what
 #: TFRecord cannot carry: string vs binary, integer widths, fixed-size lists.
 SCHEMA_FILE = "_tfrecord_schema.arrow"
+#: The recorded schema as TFMD text, beside ``SCHEMA_FILE``: what TFX's ImportSchemaGen, TFDV's
+#: ``load_schema_text`` or ``read_tfrecords(schema=)`` load (``ray_tfrecord._src.core.spec_export``).
+TFMD_SCHEMA_FILE = "_tfrecord_schema.pbtxt"
 #: Index sidecars live at the dataset root as ``_index.<relative path, percent-encoded>``, so
 #: TensorFlow's globs (which do not skip dot-files) match data files only.
 INDEX_PREFIX = "_index."

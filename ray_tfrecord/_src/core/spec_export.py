@@ -43,14 +43,12 @@ import pyarrow.fs as pafs
 
 from .errors import SchemaError
 from .feature_specs import arrow_schema, feature_info, leaf_dtype_name
+from .layout import TFMD_SCHEMA_FILE
 from .options import RecordType
 from .public import public
 from .schema import RECORD_TYPE_KEY, read_stored_schema
 from .types import is_var_list, leaf_type
 
-#: The recorded schema as TFMD text (hidden, beside ``layout.SCHEMA_FILE``): what TFX's ImportSchemaGen,
-#: TFDV's ``load_schema_text`` or ``read_tfrecords(schema=)`` load.
-TFMD_SCHEMA_FILE = "_tfrecord_schema.pbtxt"
 _TFMD_TYPES = {"int64": "INT", "float32": "FLOAT", "string": "BYTES"}
 
 

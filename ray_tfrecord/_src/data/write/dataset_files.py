@@ -20,10 +20,10 @@ from ray_tfrecord._src.core.layout import (
     SCHEMA_FILE,
     STAGING_DIR,
     SUCCESS_MARKER,
+    TFMD_SCHEMA_FILE,
     is_hidden,
 )
 from ray_tfrecord._src.core.manifest import Entry, Manifest, read_manifest, version_path
-from ray_tfrecord._src.core.spec_export import TFMD_SCHEMA_FILE
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
