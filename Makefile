@@ -63,7 +63,8 @@ LOWEST_TESTS := tests/test_versions.py tests/test_codec.py tests/test_framing.py
 	tests/test_decimals.py tests/test_globs.py tests/test_decoder.py tests/test_encoder.py tests/test_commit.py tests/test_contract.py \
 	tests/test_other_writers.py tests/test_keras3.py tests/test_checkpoint_jobs.py tests/test_elastic.py \
 	tests/test_tf_import.py tests/test_plan_scale.py tests/test_inference_resume.py tests/test_feature_specs.py \
-	tests/test_serialized_tensors.py tests/test_tf_filesystems.py tests/test_write_options.py tests/test_random_access.py
+	tests/test_serialized_tensors.py tests/test_tf_filesystems.py tests/test_write_options.py tests/test_random_access.py \
+	tests/test_num_files.py tests/test_feed_numpy.py
 
 # In two steps: the floors and the tests' requirements (.ci/requirements.py lists them from
 # pyproject.toml), which touch nothing in the tree, so CI installs them while make test runs; then
