@@ -217,11 +217,16 @@ def _counted(outcomes: collections.Counter[str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) + f" (of {RUNS} runs)"
 
 
+def _base(store: Store, name: str) -> str:
+    """``name``, written afresh as the base every case starts from: ids 0 to 1,999."""
+    job_write(store, name, "overwrite", 0)
+    return name
+
+
 def _appends(drivers: _Drivers, store: Store, writers: int) -> tuple[str, list[str]]:
     exact, retries, messages = 0, 0, []
     for run in range(RUNS):
-        name = f"appends-{writers}-{run}"
-        job_write(store, name, "overwrite", 0)  # the base: ids 0 to 1,999
+        name = _base(store, f"appends-{writers}-{run}")
         results = drivers.run([(job_write, (store, name, "append", (w + 1) * ROWS), {}) for w in range(writers)])
         messages += [r["failed"] for r in results if "failed" in r]
         retries += sum(r.get("retries", 0) for r in results)
@@ -237,8 +242,7 @@ def _append_vs_overwrite(drivers: _Drivers, store: Store) -> tuple[str, list[str
     orders: collections.Counter[str] = collections.Counter()
     messages = []
     for run in range(RUNS):
-        name = f"mixed-{run}"
-        job_write(store, name, "overwrite", 0)
+        name = _base(store, f"mixed-{run}")
         results = drivers.run([(job_write, (store, name, "append", ROWS), {}),
                                (job_write, (store, name, "overwrite", 2 * ROWS), {})])
         messages += [r["failed"] for r in results if "failed" in r]
@@ -262,8 +266,7 @@ def _polled(drivers: _Drivers, store: Store, keep: float) -> tuple[str, str, lis
     totals = {False: [0, 0], True: [0, 0]}  # polls, bad ones
     errors: dict[bool, list[str]] = {False: [], True: []}
     for run in range(RUNS):
-        name = f"polled-{int(keep)}-{run}"
-        job_write(store, name, "overwrite", 0)
+        name = _base(store, f"polled-{int(keep)}-{run}")
         stop = drivers.manager.Event()
         _, *polls = drivers.run([(job_overwrites, (store, name), {"stop": stop, "keep": keep}),
                                  (job_poll, (store, name, False), {"stop": stop}),
@@ -290,8 +293,7 @@ def _planned(drivers: _Drivers, store: Store) -> tuple[str, list[str]]:
     outcomes: collections.Counter[str] = collections.Counter()
     messages = []
     for run in range(RUNS):
-        name = f"planned-{run}"
-        job_write(store, name, "overwrite", 0)
+        name = _base(store, f"planned-{run}")
         drivers.run([(job_plan, (store, name), {})])
         job_write(store, name, "overwrite", ROWS)
         (out,) = drivers.run([(job_run_planned, (store, name), {})])
