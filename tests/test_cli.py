@@ -147,7 +147,7 @@ def test_convert_parquet_partitioned(ray_local, tmp_path, capsys):
     latest = read_manifest(pafs.LocalFileSystem(), str(dst))  # the log: the empty first version, then the files
     assert sorted(os.listdir(dst)) == ["_SUCCESS", "_tfrecord_log.00000000000000000001.json",
                                        "_tfrecord_log.00000000000000000002.json", "_tfrecord_schema.arrow",
-                                       "day=1", "day=2", "day=3"]
+                                       "_tfrecord_schema.pbtxt", "day=1", "day=2", "day=3"]
     # Every row in a file the version lists (how many files a partition gets is Ray's bundling: 3 on
     # Ray 2.60, 4 on 2.50), each under its partition's directory.
     assert latest is not None and latest.version == 2 and sum(e.rows for e in latest.entries) == 4

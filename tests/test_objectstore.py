@@ -76,7 +76,8 @@ def _committed_only(store: Store, name: str, *, replaced: frozenset[str] = froze
     assert manifest is not None
     listed = sorted(e.rel_path for e in manifest.entries)
     keys = [k for k in store.keys(name) if not k.startswith(LOG_PREFIX)]
-    assert keys == sorted([*listed, *replaced, "_SUCCESS", "_tfrecord_schema.arrow"]), (keys, listed)
+    assert keys == sorted([*listed, *replaced, "_SUCCESS", "_tfrecord_schema.arrow",
+                           "_tfrecord_schema.pbtxt"]), (keys, listed)
 
 
 def test_every_mode_partitions_gzip_and_plan_splits(ray_local, store):

@@ -170,10 +170,11 @@ def tfmd_schema(source: pa.Schema | str | os.PathLike[str]) -> Any:
     a default value, a ragged column built from other features, a SequenceExample feature list,
     ``list<null>``. [`feature_spec`][ray_tfrecord.tf.feature_spec] gives those their ``tf.io`` specs.
 
-    >>> import pyarrow as pa
-    >>> schema = tfmd_schema(pa.schema([("label", pa.int64()), ("tokens", pa.list_(pa.int64()))]))
-    >>> [(f.name, f.HasField("shape")) for f in schema.feature]
-    [('label', True), ('tokens', False)]
+    Example:
+        >>> import pyarrow as pa
+        >>> schema = tfmd_schema(pa.schema([("label", pa.int64()), ("tokens", pa.list_(pa.int64()))]))
+        >>> {f.name: f.HasField("shape") for f in schema.feature}
+        {'label': True, 'tokens': False}
     """
     schema, record_type = schema_of(source) if not isinstance(source, pa.Schema) else (source, "Example")
     try:

@@ -84,12 +84,14 @@ class TFRecordSource:
         TFRecordError: a GZIP/ZLIB file (naming it), a damaged record (file and offset) or a record that
             does not fit its column (file, offset and column); ``IndexError`` for an index out of range.
 
-    >>> import ray, ray_tfrecord
-    >>> ds = ray.data.from_items([{"x": i} for i in range(10)])  # doctest: +SKIP
-    >>> ray_tfrecord.write_tfrecords(ds, "/tmp/ten", mode="overwrite")  # doctest: +SKIP
-    >>> source = ray_tfrecord.TFRecordSource("/tmp/ten")  # doctest: +SKIP
-    >>> len(source), int(source[3]["x"])  # doctest: +SKIP
-    (10, 3)
+    Example:
+        >>> import ray, ray_tfrecord
+        >>> ds = ray.data.from_items([{"x": i} for i in range(10)])  # doctest: +SKIP
+        >>> ray_tfrecord.write_tfrecords(ds, "/tmp/ten", mode="overwrite")  # doctest: +SKIP
+        >>> source = ray_tfrecord.TFRecordSource("/tmp/ten")  # doctest: +SKIP
+        >>> record = source[3]  # doctest: +SKIP
+        >>> len(source), int(record["x"])  # doctest: +SKIP
+        (10, 3)
     """
 
     def __init__(self, source: str | os.PathLike | Sequence[str] | SplitPlan, *, schema: SchemaLike | None = None,
