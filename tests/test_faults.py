@@ -220,7 +220,8 @@ def test_killed_write_worker_is_retried_and_commits_once(ray_local, tmp_path):
     # ...none of which survives: the commit moved only what the successful attempt
     # returned and then removed the whole staging directory.
     assert not any(os.path.exists(f) for f in staged_by_killed_attempt)
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", "_tfrecord_schema.pbtxt", *log_entries(out)]
+    bookkeeping = ["_SUCCESS", "_tfrecord_schema.arrow", "_tfrecord_schema.pbtxt", *log_entries(out)]
+    assert sorted(os.listdir(out)) == sorted(bookkeeping
                                              + [os.path.basename(p) for p in sink.result.files]
                                              + [os.path.basename(index_path(p)) for p in sink.result.files])
     assert visible_files(out) == sorted(sink.result.files)
@@ -330,7 +331,8 @@ def test_killed_driver_leaves_old_dataset_and_retry_succeeds(ray_local, tmp_path
     # `ray-tfrecord clean` removes it, and every version but the retry's.
     assert cli(["clean", str(out)]) == 0
     assert result["version"] == read_manifest(pafs.LocalFileSystem(), str(out)).version
-    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", "_tfrecord_schema.pbtxt", *log_entries(out),
+    assert sorted(os.listdir(out)) == sorted(["_SUCCESS", "_tfrecord_schema.arrow", "_tfrecord_schema.pbtxt",
+                                              *log_entries(out),
                                               *{os.path.relpath(f, out).split("/")[0] for f in result["files"]},
                                               *(os.path.basename(index_path(f)) for f in result["files"])])
     assert_rows_exactly_once(read_back(out), ids)
