@@ -68,7 +68,7 @@ def field_spec(f: pa.Field, default: Any = None, *, sequence: bool = False) -> F
     d = describe(f, default, sequence=sequence)
     dtype = tf.dtypes.as_dtype(d.dtype)
     if d.kind == "RaggedFeature":
-        partitions = [_PARTITIONS[how](arg) for how, arg in d.partitions]
+        partitions = tuple(_PARTITIONS[how](arg) for how, arg in d.partitions)
         return tf.io.RaggedFeature(dtype, value_key=d.value_key, partitions=partitions, row_splits_dtype=tf.int64)
     if d.kind == "FixedLenSequenceFeature":
         return tf.io.FixedLenSequenceFeature(list(d.shape), dtype, allow_missing=d.allow_missing)
