@@ -23,7 +23,7 @@ from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.layout import is_hidden_name
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile
 from ray_tfrecord._src.data.write.dataset_files import listed_entries
-from ray_tfrecord._src.data.write.writers import UNEVEN, WriteConfig, shard_name, write_empty
+from ray_tfrecord._src.data.write.writers import UNEVEN, WriteConfig, shard_name, task_past_shards, write_empty
 
 #: The default prefix's length of the write id: names stay short, and no two writes' names meet (an append of a
 #: name that exists is refused by the commit before any file moves).
@@ -100,8 +100,7 @@ def complete(returns: Sequence[dict[str, Any]], config: WriteConfig) -> list[Sta
     rows = [0] * count
     for ret in returns:
         if not 0 <= ret["shard"] < count:  # the task raised already; a check, should Ray number tasks otherwise
-            raise TFRecordError(f"num_files={count}: Ray ran write task {ret['shard']}: {UNEVEN.format(count)}",
-                                path=config.path)
+            raise task_past_shards(count, ret["shard"], config.path)
         rows[ret["shard"]] += sum(f.rows for f in ret["files"])
     total = sum(rows)
     low, high = total // count, -(-total // count)

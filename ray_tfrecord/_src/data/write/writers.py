@@ -41,6 +41,11 @@ UNEVEN = ("the dataset did not reach the sink as {0} even blocks. write_tfrecord
           "so; with ds.write_datasink(sink), write ds.repartition({0}). Nothing was written")
 
 
+def task_past_shards(count: int, task_idx: int, path: str) -> TFRecordError:
+    """The error of a num_files write whose Ray write task ``task_idx`` has no shard of ``count`` to write."""
+    return TFRecordError(f"num_files={count}: Ray ran write task {task_idx}: {UNEVEN.format(count)}", path=path)
+
+
 @dataclass(frozen=True)
 class WriteConfig:
     """What write tasks need to produce files (pickled into every write task)."""
@@ -293,8 +298,7 @@ class _TaskFiles:
         count = self._config.num_files
         if count is not None:
             if self._task_idx >= count:  # the driver's check (shards.complete) would fail the write: fail it now
-                raise TFRecordError(f"num_files={count}: Ray ran write task {self._task_idx}: {UNEVEN.format(count)}",
-                                    path=self._config.path)
+                raise task_past_shards(count, self._task_idx, self._config.path)
             name = shard_name(self._config.file_prefix, self._task_idx, count, self._config.extension)
             return self._only(name, number, part_dir, f"its blocks span more than {self._config.max_open_files} "
                               "partitions", "raise num_files, so that each shard spans fewer")
