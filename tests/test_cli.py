@@ -259,5 +259,7 @@ def test_convert_num_files(ray_local, tmp_path, capsys):
     assert names == [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)]
     assert [sum(1 for _ in tf.data.TFRecordDataset(str(dst / n))) for n in names] == [100] * 3
     assert main(["convert", str(src), str(tmp_path / "o2"), "--num-files", "3", "--max-rows-per-file", "10"]) == 2
-    assert "num_files=3 writes exactly 3 files of balanced rows, which max_rows_per_file would" in \
-        capsys.readouterr().err
+    # The library's message, its keywords named as the command's flags.
+    assert capsys.readouterr().err == ("ray-tfrecord convert: --num-files 3 writes exactly 3 files of balanced rows, "
+                                       "which --max-rows-per-file would cut, bundle or name otherwise; leave it out, "
+                                       "or leave --num-files out\n")

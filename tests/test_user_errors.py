@@ -233,7 +233,13 @@ def test_cli_errors_are_one_line(ray_local, tmp_path, not_tfrecord, capsys):
 def test_cli_names_its_flag_for_a_library_keyword():
     flags = _parser().parse_args(["convert", "in.csv", "out"]).flags
     assert flags == {"allow_float64_narrowing": "--allow-float64-narrowing",
-                     "allow_decimal_narrowing": "--allow-decimal-narrowing"}
+                     "allow_decimal_narrowing": "--allow-decimal-narrowing", "mode": "--mode",
+                     "compression_level": "--compression-level", "min_rows_per_file": "--min-rows-per-file",
+                     "max_rows_per_file": "--max-rows-per-file", "num_files": "--num-files",
+                     "file_prefix": "--file-prefix"}
+    # A keyword with a value, and a bare one (only names with an underscore: "mode" is also a word).
+    assert _in_cli_terms("file_prefix='train': the mode, mode='overwrite'; leave file_prefix out", flags) == (
+        "--file-prefix train: the mode, --mode overwrite; leave --file-prefix out")
     message = "column 'x': float64 value 0.1 is not exactly representable as float32; pass {} to round it"
     assert _in_cli_terms(message.format("allow_float64_narrowing=True"), flags) == message.format(
         "--allow-float64-narrowing")

@@ -383,8 +383,10 @@ def _parser() -> argparse.ArgumentParser:
                         "Beam name shards")
     p.add_argument("--file-prefix", metavar="PREFIX",
                    help="the names' prefix with --num-files (default: part-<8 hex of the write's id>)")
-    # The library names these fixes by their keyword (allow_float64_narrowing=True); errors show the flag.
-    flags: dict[str, str] = {}  # keyword: flag
+    # The library names its options by their keyword (allow_float64_narrowing=True, file_prefix='x');
+    # errors show the flag.
+    flags = {keyword: "--" + keyword.replace("_", "-") for keyword in
+             ("mode", "compression_level", "min_rows_per_file", "max_rows_per_file", "num_files", "file_prefix")}
     for flag, help_text in (
         ("--allow-float64-narrowing", "write float64 columns as float32 (TFRecord has no float64)"),
         ("--allow-decimal-narrowing", "write decimals with no exact float32 form as the nearest float32"),
@@ -431,11 +433,16 @@ def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
 
 
 def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
-    """``message`` with each fix named as a Python keyword (``allow_float64_narrowing=True``) named
-    as the command's flag (``--allow-float64-narrowing``) instead; ``flags`` maps the keywords to
-    the flags. The library's messages name the keyword only, so the CLI alone knows its flags."""
+    """``message`` with each option named as a Python keyword named as the command's flag instead:
+    ``allow_float64_narrowing=True`` as ``--allow-float64-narrowing``, ``file_prefix='x'`` as
+    ``--file-prefix x``, a bare ``num_files`` as ``--num-files`` (only names with an underscore: a bare
+    "mode" is also a word); ``flags`` maps the keywords to the flags. The library's messages name the
+    keyword only, so the CLI alone knows its flags."""
     for keyword, flag in flags.items():
         message = message.replace(f"{keyword}=True", flag)
+        message = re.sub(rf"\b{keyword}=(['\"]?)([^'\",;)\s]+)\1", rf"{flag} \2", message)
+        if "_" in keyword:
+            message = re.sub(rf"\b{keyword}\b", flag, message)
     message = re.sub(r"ray\.init\(num_cpus=(\d+)\)", r"--num-cpus \1", message)
     # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
     # ignore_missing_paths=True to skip it" for a glob that matches nothing.
