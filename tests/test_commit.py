@@ -2,6 +2,7 @@
 staging, the save modes, moves with sidecars first, overwrite's deletions, the recorded schema,
 ``_SUCCESS`` last, name clashes refused before anything moves, and an aborted write."""
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import LOG_PREFIX, SCHEMA_FILE, STAGING_DIR, SUCCESS_MARKER, TFMD_SCHEMA_FILE
-from ray_tfrecord._src.core.manifest import list_versions, read_manifest, read_version
+from ray_tfrecord._src.core.manifest import list_versions, read_manifest, read_version, version_path
 from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile, log
 from tests.filesystems import DelegatingHandler
@@ -134,6 +135,31 @@ def test_append_keeps_the_old_files_and_merges_the_recorded_schema(tmp_path):
     assert sorted(e.rel_path for e in latest.entries) == ["part-new.tfrecord", "part-old.tfrecord"]
     merged = read_stored_schema(LOCAL, str(out))
     assert merged.field("x").type == pa.int64() and merged.field("y") == pa.field("y", pa.string(), nullable=True)
+
+
+def test_each_version_states_its_schema_and_a_version_from_before_that_reads_the_file(tmp_path):
+    """Versions hold their schema (readers plan with the version's, whatever a racing writer left in the file
+    beside it); a version written before they did (no ``schema`` key) is read with that file, and the next
+    commit states the merged schema."""
+    out = tmp_path / "out"
+    _write(out, "error", "part-0.tfrecord", schema=_schema(x=pa.int64()))
+    first = read_manifest(LOCAL, str(out))
+    assert first.states_schema and first.schema == _schema(x=pa.int64())
+    (out / SCHEMA_FILE).write_bytes(_schema(y=pa.string()).serialize())  # a stale or foreign copy: not read
+    assert read_stored_schema(LOCAL, str(out)) == _schema(x=pa.int64())
+    # The same version as an older ray_tfrecord wrote it: no schema key, so the file beside it says.
+    path = version_path(str(out), first.version)
+    doc = json.loads(open(path, "rb").read())
+    del doc["schema"]
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    old = read_manifest(LOCAL, str(out))
+    assert not old.states_schema and old.schema is None
+    assert read_stored_schema(LOCAL, str(out)) == _schema(y=pa.string())
+    (out / SCHEMA_FILE).write_bytes(_schema(x=pa.int64()).serialize())
+    _write(out, "append", "part-1.tfrecord", schema=_schema(x=pa.int64(), z=pa.float32()))
+    assert read_manifest(LOCAL, str(out)).schema.names == ["x", "z"]
+    assert read_stored_schema(LOCAL, str(out), version=None).names == ["x", "z"]  # the file follows the version
 
 
 def test_the_save_modes_on_existing_data(tmp_path):
@@ -302,8 +328,8 @@ def test_the_final_commit_removes_sidecars_whose_file_ray_deleted(tmp_path):
 
 def test_appending_to_files_with_no_recorded_schema_stays_unrecorded_across_runs(tmp_path):
     out = tmp_path / "out"
-    _write(out, "error", "old-0.tfrecord")
-    os.remove(out / SCHEMA_FILE)
+    out.mkdir()
+    (out / "old-0.tfrecord").write_bytes(b"records")  # another writer's: no log, no schema
     first = _checkpointed(out, "append", started=False)
     assert not first.apply_mode()
     first.start()
@@ -313,6 +339,8 @@ def test_appending_to_files_with_no_recorded_schema_stays_unrecorded_across_runs
     rerun.start()
     rerun.finish([], [])
     assert SCHEMA_FILE not in os.listdir(out)  # the old files' schema is unknown: nothing is recorded
+    latest = read_manifest(LOCAL, str(out))
+    assert latest.states_schema and latest.schema is None
 
 
 def test_checkpointed_error_and_ignore_apply_to_the_first_run_only(tmp_path):

@@ -19,11 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
 from ray_tfrecord import ConflictError, TFRecordError
 from ray_tfrecord._src.core.manifest import explain_missing, read_manifest
+from ray_tfrecord._src.core.schema import read_stored_schema, stored_schema
 from ray_tfrecord._src.data.write.commit import Commit, StagedFile
 from tests.filesystems import fake_gcs, gcs_filesystem, moto_s3, s3_filesystem
 
@@ -54,8 +56,10 @@ def _root(store, name: str) -> str:
     return os.path.join(where, name) if kind == "local" else f"{BUCKET}/{name}"
 
 
-def _write(store, name: str, mode: str, files: list[str], barrier=None, **options) -> dict:
-    """One writer: a commit of ``files`` (relative paths, one record each), released by ``barrier`` to commit."""
+def _write(store, name: str, mode: str, files: list[str], barrier=None, columns: dict[str, str] | None = None,
+           **options) -> dict:
+    """One writer: a commit of ``files`` (relative paths, one record each), released by ``barrier`` to commit;
+    ``columns``: the record schema its writers wrote (column name to pyarrow type name)."""
     fs = _fs(store)
     root = _root(store, name)
     commit = Commit(fs, root, mode, **options)
@@ -73,8 +77,10 @@ def _write(store, name: str, mode: str, files: list[str], barrier=None, **option
         staged.append(StagedFile(rel, rows=1, size=1, has_index=False, in_place=commit.direct))
     if barrier is not None:
         barrier.wait(timeout=60)
+    schemas = [] if columns is None else [stored_schema([pa.field(c, pa.type_for_alias(t)) for c, t in columns.items()],
+                                                        "Example")]
     try:
-        result = commit.finish(staged, [])
+        result = commit.finish(staged, schemas)
     except ConflictError as e:
         return {"conflict": str(e), "other": None if e.other is None else e.other.version,
                 "files": [f.rel_path for f in staged], "lost": True}
@@ -146,6 +152,53 @@ def test_backfills_of_different_partitions_both_land_and_of_one_partition_are_se
                                ("overwrite", ["day=1/part-{id}-1.tfrecord"], {"partitions_only": True})])
     last = max(same, key=lambda r: r["version"])
     assert _listed(store, name) == sorted([*last["files"], *(p for p in listed if not p.startswith("day=1/"))])
+
+
+def _schema_file(store, name: str) -> pa.Schema | None:
+    """The schema in the file beside the log (what tf.data, TFX and older readers see)."""
+    return read_stored_schema(_fs(store), _root(store, name), version=None)
+
+
+def test_concurrent_appends_of_new_columns_keep_every_column(store):
+    """Hourly producers each adding a feature at once: every column is in the dataset's schema, and the file
+    beside the log ends as the latest version's, whichever writer wrote it last (a schema file written by each
+    writer before its commit kept only the last one's columns, and the others' read as missing)."""
+    for run in range(3):
+        name = f"columns-{run}"
+        _write(store, name, "error", ["base/part-{id}-0.tfrecord"], columns={"id": "int64"})
+        results = _race(store, name, [("append", [f"w{w}/part-{{id}}-0.tfrecord"], {"columns": {"id": "int64",
+                                                                                              f"c{w}": "float"}})
+                                      for w in range(3)])
+        assert not any(r.get("lost") for r in results), results
+        latest = read_manifest(_fs(store), _root(store, name))
+        assert latest.states_schema and latest.schema.names[0] == "id"  # new columns follow, in commit order
+        assert sorted(latest.schema.names) == ["c0", "c1", "c2", "id"]
+        assert latest.schema.field("id").type == pa.int64() and latest.schema.field("c1").type == pa.float32()
+        assert _schema_file(store, name) == latest.schema
+
+
+def test_appends_racing_with_contradicting_types_end_as_a_serial_order_would(store):
+    """Two appends adding one column as two types: the first commit's type stands and the second append gets a
+    ConflictError naming the column, with nothing of it visible, as a second append started after the first
+    would have been refused."""
+    for run in range(3):
+        name = f"types-{run}"
+        _write(store, name, "error", ["base/part-{id}-0.tfrecord"], columns={"id": "int64"})
+        results = _race(store, name, [("append", ["i/part-{id}-0.tfrecord"], {"columns": {"x": "int64"}}),
+                                      ("append", ["s/part-{id}-0.tfrecord"], {"columns": {"x": "binary"}})])
+        won = [r for r in results if not r.get("lost")]
+        lost = [r for r in results if r.get("lost")]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert "column 'x': the dataset stores it as" in lost[0]["conflict"]
+        assert f"version {won[0]['version']} (mode='append', committed" in lost[0]["conflict"]
+        assert "nothing of this append is visible" in lost[0]["conflict"]
+        assert _listed(store, name) == sorted([*_listed_base(store, name), *won[0]["files"]])
+        winner_type = pa.int64() if won[0]["files"][0].startswith("i/") else pa.binary()
+        assert read_manifest(_fs(store), _root(store, name)).schema.field("x").type == winner_type
+        assert _schema_file(store, name).field("x").type == winner_type
+        fs = _fs(store)
+        for rel in lost[0]["files"]:
+            assert fs.get_file_info(posixpath.join(_root(store, name), rel)).type == pafs.FileType.NotFound
 
 
 def test_a_second_error_mode_write_gets_a_conflict_naming_the_first(store):
@@ -228,15 +281,15 @@ def test_a_read_of_files_an_overwrite_replaced_and_expired_names_that_commit(sto
 _SCHEMES = {"local": "", "s3": "s3://", "gcs": "gs://"}
 
 
-def append_driver(address: str, store, name: str, ids: list[int], ready: str, go: str) -> None:
-    """A Ray job of its own on the shared cluster at ``address``: prepares its rows, says ``ready``, waits for
-    ``go`` and appends them with ``write_tfrecords``."""
+def append_driver(address: str, store, name: str, ids: list[int], ready: str, go: str, column: str) -> None:
+    """A Ray job of its own on the shared cluster at ``address``: prepares its rows (``id`` and a ``column`` of
+    its own, twice the id), says ``ready``, waits for ``go`` and appends them with ``write_tfrecords``."""
     import ray
 
     from ray_tfrecord import write_tfrecords
 
     ray.init(address=address, log_to_driver=False)
-    ds = ray.data.from_items([{"id": i} for i in ids], override_num_blocks=2).materialize()
+    ds = ray.data.from_items([{"id": i, column: 2 * i} for i in ids], override_num_blocks=2).materialize()
     open(ready, "w").close()
     deadline = time.monotonic() + 120
     while not os.path.exists(go):  # the test creates it once every driver is ready
@@ -248,7 +301,8 @@ def append_driver(address: str, store, name: str, ids: list[int], ready: str, go
 
 
 def test_driver_processes_on_one_ray_append_at_once_and_keep_every_id_once(ray_local, store, tmp_path):
-    """Three driver processes, each a job on the test's Ray, append through ``write_tfrecords`` at once."""
+    """Three driver processes, each a job on the test's Ray, append through ``write_tfrecords`` at once, each
+    with a column of its own: every id once, and every driver's column on its rows (null on the others')."""
     import ray
 
     from ray_tfrecord import read_tfrecords
@@ -260,7 +314,8 @@ def test_driver_processes_on_one_ray_append_at_once_and_keep_every_id_once(ray_l
     code = ("import json, sys; from tests.test_concurrent_writes import append_driver; "
             "append_driver(*json.loads(sys.argv[1]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps([address, store, name, ids,
-                                                                         str(tmp_path / f"ready-{d}"), str(go)])],
+                                                                         str(tmp_path / f"ready-{d}"), str(go),
+                                                                         f"f{d}"])],
                               cwd=_REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for d, ids in enumerate(shares)]
     try:
@@ -278,6 +333,8 @@ def test_driver_processes_on_one_ray_append_at_once_and_keep_every_id_once(ray_l
     assert len({r["version"] for r in results}) == drivers  # each its own version of the log
     rows = read_tfrecords(_SCHEMES[store[0]] + _root(store, name), filesystem=_fs(store)).take_all()
     assert sorted(r["id"] for r in rows) == sorted(i for ids in shares for i in ids)  # every id, exactly once
+    owner = {i: d for d, ids in enumerate(shares) for i in ids}
+    assert all(r[f"f{d}"] == (2 * r["id"] if owner[r["id"]] == d else None) for r in rows for d in range(drivers))
 
 
 def test_a_read_planned_before_an_overwrite_counts_its_version_without_a_file_and_its_rows_name_the_commit(

@@ -342,15 +342,44 @@ def test_written_schema_is_restored_exactly_and_kept_honest_on_append(ray_local,
                                           "have binary; cast the column to string"):
         write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
     assert visible_files(out) == before and not os.path.exists(os.path.join(out, "_temporary"))
-    # Without a recorded schema the files there cannot be described: it stays unrecorded.
+    # The schema is in the dataset's version, not only in the file beside it: a tool that deletes the file
+    # (or a racing writer's stale copy of it) changes nothing, and the next commit puts it back.
     os.remove(os.path.join(out, SCHEMA_FILE))
-    write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
-    assert not os.path.exists(os.path.join(out, SCHEMA_FILE))
-    assert read_tfrecords(out).schema().base_schema.field("name").type == pa.binary()
+    with pytest.raises(SchemaError, match="column 'name': the dataset stores it as string"):
+        write_tfrecords(ray.data.from_arrow(other), out, partition_cols=["part"], mode="append")
+    assert read_tfrecords(out).schema().base_schema.field("name").type == pa.string()
+    write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="append")
+    assert os.path.exists(os.path.join(out, SCHEMA_FILE))
+    # Files another writer left (no log, no schema) cannot be described: appending to them stays unrecorded.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with tf.io.TFRecordWriter(str(foreign / "part-0.tfrecord")) as w:
+        w.write(tf.train.Example(features=tf.train.Features(feature={"name": tf.train.Feature(
+            bytes_list=tf.train.BytesList(value=[b"z"]))})).SerializeToString())
+    write_tfrecords(ray.data.from_arrow(other.drop_columns(["part"])), str(foreign), mode="append")
+    assert not os.path.exists(foreign / SCHEMA_FILE)
+    assert read_tfrecords(str(foreign)).schema().base_schema.field("name").type == pa.binary()
+    assert sorted(r["name"] for r in read_tfrecords(str(foreign)).take_all()) == [b"z", b"\xff"]
 
     write_tfrecords(ray.data.from_arrow(table), out, partition_cols=["part"], mode="overwrite")
     assert read_tfrecords(out).schema().base_schema.field("name").type == pa.string()
     assert read_tfrecords(out, record_type="SequenceExample").schema().base_schema.field("name").type == pa.binary()
+
+
+def test_a_partition_overwrite_keeps_the_columns_of_the_partitions_it_leaves(ray_local, tmp_path):
+    """partition_overwrite="dynamic" replaces day=2 with rows lacking ``x``; day=1's ``x`` stays readable (the
+    recorded schema was the new rows' alone, so day=1's ``x`` read as if absent)."""
+    out = str(tmp_path / "days")
+    write_tfrecords(ray.data.from_arrow(pa.table({"day": [1, 2], "a": [10, 20], "x": [1.5, 2.5]})), out,
+                    partition_cols=["day"])
+    write_tfrecords(ray.data.from_arrow(pa.table({"day": [2], "a": [21]})), out, partition_cols=["day"],
+                    mode="overwrite", partition_overwrite="dynamic")
+    rows = sorted(read_tfrecords(out).take_all(), key=lambda r: r["day"])
+    assert rows == [{"a": 10, "x": 1.5, "day": 1}, {"a": 21, "x": None, "day": 2}]
+    # A whole overwrite replaces every file, and the schema with them.
+    write_tfrecords(ray.data.from_arrow(pa.table({"day": [3], "a": [30]})), out, partition_cols=["day"],
+                    mode="overwrite")
+    assert read_tfrecords(out).take_all() == [{"a": 30, "day": 3}]
 
 
 def test_block_with_an_all_null_column_writes_missing_features(ray_local, tmp_path):

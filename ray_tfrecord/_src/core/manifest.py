@@ -4,10 +4,10 @@ Every write commits a new version, ``<root>/_tfrecord_log.<version, 20 digits>.j
 object created once by a put-if-absent and never replaced (``ray_tfrecord._src.data.write.commit`` says how
 writers race for the next number). A version lists every data file of the dataset at that version (its
 path below the root, size, rows and record index, which replaces the ``_index.*`` sidecar on object
-stores) and the commit that made it: the write's mode, time and id, the partitions it replaced and the
-files it removed. The highest version is the dataset. A reader reads it once and then exactly its files:
-what a write in flight or killed put there is never seen, and since a version is never rewritten, a read
-of one is never torn.
+stores), the schema of its records (``Manifest.schema``) and the commit that made it: the write's mode,
+time and id, the partitions it replaced and the files it removed. The highest version is the dataset.
+A reader reads it once and then exactly its files, with its schema: what a write in flight or killed put
+there is never seen, and since a version is never rewritten, a read of one is never torn.
 
 A dataset committed before the log has ``_tfrecord_manifest.json`` (``MANIFEST_FILE``: the same list,
 without a version), read where there is no log; its next write moves it to the log.
@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .errors import TFRecordError
@@ -112,6 +113,12 @@ def _conflict(reason: str, path: str, other: CommitInfo | None) -> ConflictError
 class Manifest:
     entries: list[Entry] = field(default_factory=list)
     commit: CommitInfo | None = None  # None: a manifest from before the log, or a task's record
+    # The schema of every file the version lists, in the version itself, so that the schema a reader plans
+    # with is the one its files were committed with, whatever writes raced (a file beside the versions would
+    # be the last writer's). ``states_schema`` False: a version from before versions held it (the dataset's
+    # _tfrecord_schema.arrow then says); True with ``schema`` None: no schema holds for all its files.
+    schema: pa.Schema | None = None
+    states_schema: bool = False
 
     @property
     def version(self) -> int:
@@ -127,6 +134,8 @@ class Manifest:
             doc["commit"] = {"version": c.version, "mode": c.mode, "time": c.time, "write_id": c.write_id,
                              "replaced": None if c.replaced is None else list(c.replaced), "removed": list(c.removed),
                              "keep_replaced": c.keep_replaced}
+        if self.states_schema:  # an optional key: older readers of format 2 skip it
+            doc["schema"] = None if self.schema is None else base64.b64encode(self.schema.serialize()).decode()
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -140,10 +149,13 @@ class Manifest:
                 commit = CommitInfo(int(c["version"]), str(c["mode"]), float(c["time"]), str(c["write_id"]),
                                     None if c["replaced"] is None else tuple(c["replaced"]), tuple(c["removed"]),
                                     float(c.get("keep_replaced", 0.0)))
+            schema = None
+            if (stated := doc.get("schema")) is not None:
+                schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(stated)))
             return cls([Entry(f["path"], int(f["size"]), f["rows"],
                               None if f["index"] is None else base64.b64decode(f["index"])) for f in doc["files"]],
-                       commit)
-        except (ValueError, KeyError, TypeError) as e:
+                       commit, schema, "schema" in doc)
+        except (ValueError, KeyError, TypeError) as e:  # pyarrow.ArrowInvalid is a ValueError
             # Versions are written whole and never replaced, so this is not a race: a newer writer, or damage.
             raise TFRecordError(f"the dataset's list of committed files is unreadable ({e}); upgrade ray_tfrecord "
                                 "if a newer one wrote it, else restore this object from the store's versioning or "

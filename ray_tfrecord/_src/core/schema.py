@@ -44,6 +44,7 @@ from .codec import BYTE_ARRAY_SCHEMA
 from .errors import DecodeError, SchemaError
 from .framing import RecordChunk
 from .layout import SCHEMA_FILE
+from .manifest import Manifest, read_manifest
 from .options import RecordType
 from .public import public
 from .types import KIND_NAMES, NATIVE_LEAF, record_type_code
@@ -57,12 +58,32 @@ def stored_schema(fields: Iterable[pa.Field], record_type: RecordType) -> pa.Sch
     return pa.schema([f.remove_metadata() for f in fields], metadata={RECORD_TYPE_KEY: record_type.encode()})
 
 
-def read_stored_schema(filesystem, root: str, record_type: RecordType | None = None) -> pa.Schema | None:
-    """The schema recorded under the dataset directory ``root``, if any (and if for ``record_type``)."""
-    try:
-        with filesystem.open_input_stream(f"{root.rstrip('/')}/{SCHEMA_FILE}", compression=None) as f:
-            schema = pa.ipc.read_schema(pa.py_buffer(f.read()))
-    except (FileNotFoundError, OSError, pa.ArrowInvalid):
+class _Latest:
+    """``read_stored_schema``'s default version: the dataset's latest, read for the call."""
+
+
+LATEST = _Latest()
+
+
+def read_stored_schema(filesystem, root: str, record_type: RecordType | None = None, *,
+                       version: Manifest | None | _Latest = LATEST) -> pa.Schema | None:
+    """The schema recorded for the dataset directory ``root``, if any (and if for ``record_type``): the one
+    ``version`` states (the version a read planned against; ``None``: the dataset has no log), else, for a
+    version from before versions held their schema, the ``SCHEMA_FILE`` beside it."""
+    if isinstance(version, _Latest):
+        try:
+            version = read_manifest(filesystem, root)
+        except OSError:  # not a directory, or not there: nothing is recorded
+            version = None
+    if version is not None and version.states_schema:
+        schema = version.schema
+    else:
+        try:
+            with filesystem.open_input_stream(f"{root.rstrip('/')}/{SCHEMA_FILE}", compression=None) as f:
+                schema = pa.ipc.read_schema(pa.py_buffer(f.read()))
+        except (FileNotFoundError, OSError, pa.ArrowInvalid):
+            return None
+    if schema is None:
         return None
     if record_type is not None and (schema.metadata or {}).get(RECORD_TYPE_KEY) != record_type.encode():
         return None

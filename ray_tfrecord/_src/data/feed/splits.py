@@ -123,7 +123,8 @@ def plan_splits(
     listing = list_files(paths, filesystem=filesystem)
     fs = listing.filesystem
     if schema is None:
-        schema = next((s for root in listing.roots if (s := read_stored_schema(fs, root)) is not None), None)
+        recorded = (read_stored_schema(fs, root, version=listing.version_of(root)) for root in listing.roots)
+        schema = next((s for s in recorded if s is not None), None)
         if schema is None:
             raise ValueError(f"no schema is recorded under {listing.roots}; pass schema= to plan_splits")
     files = [f for f in listing.files if f.size]

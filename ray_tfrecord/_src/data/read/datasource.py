@@ -357,7 +357,8 @@ def _record_schema(
         return schema
     # A dataset this package wrote records its exact schema; others are sampled.
     if len(listing.roots) == 1:
-        stored = read_stored_schema(listing.filesystem, listing.roots[0], record_type)
+        stored = read_stored_schema(listing.filesystem, listing.roots[0], record_type,
+                                    version=listing.version_of(listing.roots[0]))
         if stored is not None:
             return stored.remove_metadata()
     return infer_schema(sample(), record_type, fixed_size_lists=fixed_size_lists)

@@ -36,11 +36,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -92,6 +93,13 @@ class Listing:
     # The dataset roots, each once: a file or directory path as given (resolved), a glob's
     # base directory less trailing ``key=value`` directories.
     roots: list[str]
+    # The version of each dataset root (with a log) that ``files`` are of, less its file list: its number,
+    # commit and schema (``read_stored_schema(..., version=)``).
+    versions: dict[str, Manifest] = field(default_factory=dict)
+
+    def version_of(self, root: str) -> Manifest | None:
+        """The version planned for the dataset at ``root``; None when it has no log."""
+        return self.versions.get(root.rstrip("/"))
 
 
 def list_files(
@@ -114,8 +122,8 @@ def list_files(
     fs = compat.retrying_filesystem(fs)
     seen = _Seen()
     found, roots = _expand(given, fs, ignore_missing_paths, seen)
-    found, committed, committed_roots = _committed(found, fs, seen)
-    foreign.warn_staging(seen.staged, committed_roots)
+    found, committed, versions = _committed(found, fs, seen)
+    foreign.warn_staging(seen.staged, set(versions))
     if not found:
         raise ValueError(
             f"No TFRecord files found under {roots}. Note that names starting "
@@ -150,7 +158,7 @@ def list_files(
         partitions = [parts + ((_SPLIT, splits.get(f.path)),) for f, parts in zip(found, partitions)]
     files = [DataFile(f.path, f.size, parts, f.has_index, *_known(committed.get(f.path), f.size))
              for f, parts in zip(found, partitions)]
-    return Listing(files, partition_schema, fs, roots)
+    return Listing(files, partition_schema, fs, roots, versions)
 
 
 # The partition column of a TFDS shard's split (train, test, ...).
@@ -338,10 +346,10 @@ def _seen_manifest(fs: pafs.FileSystem, root: str, seen: _Seen) -> Manifest | No
 
 
 def _committed(found: list[_Found], fs: pafs.FileSystem,
-               seen: _Seen) -> tuple[list[_Found], dict[str, Entry], set[str]]:
+               seen: _Seen) -> tuple[list[_Found], dict[str, Entry], dict[str, Manifest]]:
     """``found`` less the listed files that the manifest of their dataset root does not list (plus those it
-    lists that a whole listing of the root missed), its entries, by path, and the roots that hold a
-    manifest."""
+    lists that a whole listing of the root missed), its entries, by path, and the manifest of each root that
+    holds one, less its entries."""
     roots = sorted({dataset_root(f.path) for f in found if f.listed} | (seen.given & seen.manifests))
     unseen = [r for r in roots if not seen.covers(r)]
     with ThreadPoolExecutor(max(1, min(len(unseen), _LIST_THREADS))) as pool:
@@ -349,7 +357,7 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
     manifests = {r: fetched[r] if r in fetched else _seen_manifest(fs, r, seen) if r in seen.manifests else None
                  for r in roots}
     if not any(m is not None for m in manifests.values()):
-        return found, {}, set()
+        return found, {}, {}
     committed: dict[str, Entry] = {}
     for root, m in manifests.items():
         for e in m.entries if m is not None else ():
@@ -365,7 +373,8 @@ def _committed(found: list[_Found], fs: pafs.FileSystem,
         raise TFRecordError(f"the dataset's latest version lists this file ({len(gone)} of {len(committed)} listed "
                             f"files are gone): {cause.reason}", path=gone[0])
     kept += [_Found(i.path, i.size, committed[i.path].index is not None, None, True) for i in infos]
-    return kept, committed, {r for r, m in manifests.items() if m is not None}
+    return kept, committed, {r.rstrip("/"): dataclasses.replace(m, entries=[]) for r, m in manifests.items()
+                             if m is not None}
 
 
 def _known(entry: Entry | None, size: int) -> tuple[bytes | None, int | None]:

@@ -6,7 +6,12 @@ A write commits by creating ``_tfrecord_log.<n + 1>.json`` where ``n`` is the la
 its change on the version that won: an append adds its files to it; an overwrite removes the files of the
 latest version in the partitions it replaces (all, or those it wrote), so the outcome is that of the two
 commits in their log order, whatever ran when. Only a write that wants no dataset there (``mode="error"``
-or ``"ignore"``) can lose for good: another write created one meanwhile.
+or ``"ignore"``) can lose for good: another write created one meanwhile; and an append whose column types
+contradict those an append committed meanwhile, as it would have been refused after it.
+
+The schema is rebased too (``_schema_after``): a version states the schema of the files it lists, merged from
+the version before (where it keeps any of its files) and what the write wrote, so that two appends adding
+different columns both keep theirs, and a partition overwrite keeps the columns of the partitions it left.
 
 Replaced files stay the replacing write's ``keep_replaced_files`` seconds (recorded in its version), for
 readers that planned against an earlier version; with 0, the default, the write deletes them right after its
@@ -24,8 +29,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ray_tfrecord._src.core.errors import SchemaError
 from ray_tfrecord._src.core.index import index_candidates
 from ray_tfrecord._src.core.layout import MANIFEST_FILE
 from ray_tfrecord._src.core.manifest import (
@@ -39,6 +46,7 @@ from ray_tfrecord._src.core.manifest import (
     version_path,
     versions_listed,
 )
+from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
 from ray_tfrecord._src.data.write.commit.stores import create_if_absent
 from ray_tfrecord._src.data.write.dataset_files import listed_entries, parallel, remove_empty_dirs
 
@@ -66,6 +74,7 @@ class Change:
     replaces: tuple[str, ...] | None
     must_be_first: bool = False  # mode="error"/"ignore": there must be no dataset when it commits
     keep_replaced: float = 0.0  # seconds what it replaces stays for reads planned before (keep_replaced_files)
+    schemas: Sequence[pa.Schema] = ()  # the record schemas its writers wrote
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ def commit(fs: pafs.FileSystem, store: pafs.FileSystem, root: str, change: Chang
                 f"another write created this dataset while this {change.mode!r} write ran: "
                 f"{_described(latest)}; nothing of this write is visible. Write again with mode='append' or "
                 "mode='overwrite' to write there anyway", path=root, other=latest.commit)
-        version = _rebased(change, latest)
+        version = _rebased(change, latest, fs, root)
         if time.monotonic() - listed_at > LOG_KEEP_S / 2:
             continue  # stalled: n + 1 may have been committed and expired since the listing
         if create_if_absent(store, version_path(root, version.version), version.to_bytes()):
@@ -108,14 +117,38 @@ def _described(version: Manifest) -> str:
     return version.commit.describe() if version.commit is not None else "files written there before"
 
 
-def _rebased(change: Change, latest: Manifest) -> Manifest:
+def _rebased(change: Change, latest: Manifest, fs: pafs.FileSystem, root: str) -> Manifest:
     ours = {e.rel_path for e in change.added}
     removed = [e.rel_path for e in latest.entries if e.rel_path not in ours and _replaced(change.replaces, e.rel_path)]
     gone = set(removed) | ours
     kept = [e for e in latest.entries if e.rel_path not in gone]
     info = CommitInfo(latest.version + 1, change.mode, time.time(), change.write_id, change.replaces, tuple(removed),
                       change.keep_replaced)
-    return Manifest(kept + list(change.added), info)
+    schema = _schema_after(change, latest, bool(kept), fs, root)
+    return Manifest(kept + list(change.added), info, schema, states_schema=True)
+
+
+def _schema_after(change: Change, latest: Manifest, keeps_files: bool, fs: pafs.FileSystem,
+                  root: str) -> pa.Schema | None:
+    """The schema of the version ``change`` makes of ``latest``: what it wrote, merged into ``latest``'s where
+    it keeps files of it; None where no schema holds for them all (kept files of no recorded schema, or a column
+    of two types after a partition overwrite: readers then infer it). Raises ``ConflictError`` for an append whose
+    types contradict ``latest``'s, which an append started after that commit would have been refused for."""
+    merged = None
+    if keeps_files:
+        merged = read_stored_schema(fs, root, version=latest)  # a version from before the log: the file
+        if merged is None:
+            return None
+    try:
+        for schema in change.schemas:
+            merged = schema if merged is None else merge_recorded(merged, schema, path=root)
+    except SchemaError as e:
+        if change.replaces == () and latest.commit is not None:
+            column = f"column {e.column!r}: " if e.column is not None else ""
+            raise ConflictError(f"{column}{e.reason}; {_described(latest)} committed it so while this append ran, "
+                                "and nothing of this append is visible", path=root, other=latest.commit) from None
+        return None
+    return merged
 
 
 def _replaced(replaces: tuple[str, ...] | None, rel_path: str) -> bool:

@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ray_tfrecord._src.core import options
-from ray_tfrecord._src.core.errors import SchemaError, TFRecordError
+from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import (
     LOG_PREFIX,
@@ -70,11 +70,12 @@ from ray_tfrecord._src.core.manifest import (
     Entry,
     Manifest,
     is_object_store,
+    list_versions,
     read_manifest,
     version_path,
     write_manifest,
 )
-from ray_tfrecord._src.core.schema import merge_recorded, read_stored_schema
+from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.core.spec_export import record_tfmd
 from ray_tfrecord._src.data.write.commit import log
 from ray_tfrecord._src.data.write.dataset_files import (
@@ -89,12 +90,10 @@ logger = logging.getLogger(__name__)
 
 # A checkpointed job's staging directory, ``_temporary/checkpoint-<key>``, and what it holds besides staged
 # files: one record per schema a task wrote (``<task's file base>.<n>.schema``, so Ray's recovery deletes it
-# with the task's files), one record of the task's files (``<base>.files``, a manifest of them), and markers:
-# the job appends to files whose schema was never recorded; the job overwrites (the old files stay listed
-# until its commit).
+# with the task's files), one record of the task's files (``<base>.files``, a manifest of them), and a marker:
+# the job overwrites (the old files stay listed until its commit).
 _SCHEMA_RECORD = ".schema"
 _FILES_RECORD = ".files"
-_UNRECORDED = "_unrecorded"
 _OVERWRITE = "_overwrite"
 #: How long a commit keeps the files it replaced, by default: none, so that a reader globbing the directory
 #: (``tf.data``) never sees old and new rows together; readers of ours that planned before it then fail, naming
@@ -267,8 +266,6 @@ class Commit:
             # the old ones (an overwrite) in one version.
             if self.mode == "overwrite":
                 self._mark(_OVERWRITE)
-            elif self.mode == "append" and self.has_data() and self.recorded is None:
-                self._mark(_UNRECORDED)
         make_dirs(fs, self.staging, object_store=self.object_store)
 
     def _mark(self, name: str) -> None:
@@ -339,22 +336,18 @@ class Commit:
                 fs.move(src, dst)
         new = _entries(staged)
         checkpointed = self.checkpoint is not None
+        written = list(schemas)
         if checkpointed:
-            # This run's tasks recorded their files too: each once.
+            # This run's tasks recorded their files and schemas too: each once.
             new = list({e.rel_path: e for e in [*self._task_files(), *new]}.values())
             replaces = self._marked(_OVERWRITE)
             written = [*self._schema_records(), *schemas]
-            if replaces:
-                self._record_schema(written, False, merge_into_recorded=False)
-            else:
-                self._record_schema(written, self._marked(_UNRECORDED))
         else:
             replaces = self.mode == "overwrite"
-            self._record_schema(schemas, self.mode == "append" and self.has_data())
         scope = (None if not self.partitions_only else log.partitions_of(e.rel_path for e in new)) if replaces else ()
         change = log.Change(self.mode, self.write_id, new, scope,
                             must_be_first=self.mode in ("error", "ignore") and not checkpointed,
-                            keep_replaced=self.keep_replaced)
+                            keep_replaced=self.keep_replaced, schemas=written)
         try:
             committed = log.commit(fs, self._store, self.path, change)
         except ConflictError:
@@ -364,6 +357,7 @@ class Commit:
             # Ignore's serial outcome after the write that won: the dataset exists, so nothing is written.
             logger.warning("[mode=ignore] another write created %s while this one ran; not writing.", self.path)
             return TFRecordWriteResult(num_rows=0, skipped=True)
+        self._publish_schema(committed.version)
         with fs.open_output_stream(posixpath.join(self.path, SUCCESS_MARKER), compression=None):
             pass
         if self.direct:  # a retried task's extra files, written at final keys that no version lists
@@ -439,36 +433,27 @@ class Commit:
                                         "one; put write_uuid in the name, or write with mode='overwrite'. Nothing "
                                         "was written", path=dst)
 
-    def _record_schema(self, written: Sequence[pa.Schema], appended_to_data: bool, *,
-                       merge_into_recorded: bool = True) -> None:
-        """Keep SCHEMA_FILE true of every file in the dataset, or remove it.
-
-        It records the schema every writer wrote, merged into the one recorded before for an append
-        (``merge_recorded``); it is removed when writers wrote conflicting
-        types, or when appending to files whose schema was not recorded. A checkpointed write always
-        merges into what is recorded (its first run removed it for an overwrite, except on an object store:
-        ``merge_into_recorded=False`` there); ``appended_to_data`` then says that the job appended to files
-        without one.
-        """
+    def _publish_schema(self, version: Manifest) -> None:
+        """Keep SCHEMA_FILE (and its TFMD text) the schema of the latest version, for readers that do not read
+        the log: ``tf.data`` and TFX, through the TFMD file, and ray_tfrecord from before versions held their
+        schema. Racing committers each write their version's, then list the log, and write a later version's
+        if one is there: a commit after that listing writes after this write, so the last write is the latest."""
         fs = self.filesystem
-        if self.checkpoint is not None and merge_into_recorded:
-            merged = None if appended_to_data else read_stored_schema(fs, self.path)
-            appended_to_data = appended_to_data or merged is not None
-        else:
-            merged = read_stored_schema(fs, self.path) if appended_to_data else None
-        if merged is not None or not appended_to_data:
-            try:
-                for schema in written:
-                    merged = schema if merged is None else merge_recorded(merged, schema)
-            except SchemaError:
-                merged = None
-        path = posixpath.join(self.path, SCHEMA_FILE)
-        if merged is not None:
-            with fs.open_output_stream(path, compression=None) as f:
-                f.write(merged.serialize())
-        elif fs.get_file_info(path).type == pafs.FileType.File:
-            fs.delete_file(path)
-        record_tfmd(fs, self.path, merged)  # its TFMD text beside it, for TFX and plain tf.data
+        while True:
+            path = posixpath.join(self.path, SCHEMA_FILE)
+            if version.schema is not None:
+                with fs.open_output_stream(path, compression=None) as f:
+                    f.write(version.schema.serialize())
+            else:
+                log.delete_quietly(fs, [path])
+            record_tfmd(fs, self.path, version.schema)
+            versions = list_versions(fs, self.path)
+            if not versions or versions[-1] <= version.version:
+                return
+            later = read_manifest(fs, self.path)
+            if later is None or not later.states_schema:
+                return
+            version = later
 
     def _schema_records(self) -> list[pa.Schema]:
         """The schemas a checkpointed job's tasks recorded, in every run so far."""
