@@ -195,6 +195,26 @@ def test_resumable_feed_over_gs_reads_every_row_once(ray_local, store, tmp_path,
     assert sorted(trained) == list(range(200))
 
 
+def test_a_feed_and_random_access_planned_before_an_overwrite_name_the_commit(ray_local, store):
+    """A training feed and a Grain source planned before an overwrite, reading after it (the replaced files are
+    deleted at its commit): each error names the file and the commit, on GCS too, whose own error names no
+    file (``google::cloud::Status(NOT_FOUND ...)``)."""
+    import ray_tfrecord
+
+    uri = store.scheme + store.path("replaced")
+    write_tfrecords(_rows(range(20)), uri, filesystem=store.fs, max_rows_per_file=10)
+    plan = ray_tfrecord.plan_splits(uri, filesystem=store.fs)
+    source = ray_tfrecord.TFRecordSource(plan, columns=["id"])
+    feed = ray_tfrecord.ResumableFeed(plan, batch_size=4, seed=1)
+    write_tfrecords(_rows(range(5)), uri, filesystem=store.fs, mode="overwrite")
+    named = (r"part-[^,]*\.tfrecord: this read was planned against an earlier version of the dataset; version \d+ "
+             r"\(mode='overwrite' of every partition, committed .* replaced this file")
+    with pytest.raises(TFRecordError, match=named):
+        source[0]
+    with pytest.raises(TFRecordError, match=named):
+        next(iter(feed))
+
+
 def test_clean_of_a_missing_path_says_so_and_a_stale_staging_directory_warns_how_to_clean(ray_local, store,
                                                                                         monkeypatch, capsys):
     _store_env(store, monkeypatch)

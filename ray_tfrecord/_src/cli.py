@@ -41,7 +41,7 @@ from ray_tfrecord._src.core import options, sizes
 from ray_tfrecord._src.core.errors import CorruptRecordError, StallError, TFRecordError
 from ray_tfrecord._src.core.framing import CorruptionReport, iter_chunks, open_stream
 from ray_tfrecord._src.core.index import build_index, dataset_root, write_index
-from ray_tfrecord._src.core.manifest import is_object_store
+from ray_tfrecord._src.core.manifest import explain_missing, is_object_store
 from ray_tfrecord._src.core.schema import read_stored_schema, tensor_hints
 from ray_tfrecord._src.data import compat, filesystems
 from ray_tfrecord._src.data.read.datasource import TFRecordDatasource
@@ -172,7 +172,8 @@ def _jsonable(value: Any) -> Any:
 def _verify_file(row: dict[str, Any], filesystem: pafs.FileSystem) -> dict[str, Any]:
     report = CorruptionReport(max_samples=100)
     records = 0
-    stream, found = open_stream(row["path"], filesystem, "auto")
+    with explain_missing(filesystem, row["path"]):
+        stream, found = open_stream(row["path"], filesystem, "auto")
     with contextlib.closing(stream):
         for chunk in iter_chunks(stream, path=row["path"], on_corrupt="skip", report=report,
                                  compressed=bool(found)):

@@ -49,6 +49,7 @@ import tensorflow as tf
 from ray_tfrecord._src.core.errors import SchemaError
 from ray_tfrecord._src.core.feature_specs import feature_info
 from ray_tfrecord._src.core.framing import detect_compression
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
@@ -104,7 +105,7 @@ def _compression(fs: Any, plan: SplitPlan, path: str, *, compressed: bool) -> st
         return ""
     if plan.compression in ("gzip", "zlib"):
         return _TF_COMPRESSION[plan.compression]
-    with fs.open_input_stream(path, compression=None) as f:
+    with explain_missing(fs, path), fs.open_input_stream(path, compression=None) as f:
         return _TF_COMPRESSION[detect_compression(f.read(16))]
 
 

@@ -46,6 +46,7 @@ from ray_tfrecord._src.core.index import (
     write_index,
 )
 from ray_tfrecord._src.core.layout import SCHEMA_FILE
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.read.listing import DataFile
 from ray_tfrecord._src.data.read.planning import ProbeKind, probe_file
@@ -186,7 +187,8 @@ def _count(fs: pafs.FileSystem, path: str, compression: Compression) -> bytes:
     """A compressed file's record count, as an index without boundaries (fingerprinted like any)."""
     size = fs.get_file_info(path).size
     head, tail = read_fingerprint(fs, path, size)
-    stream, found = open_stream(path, fs, compression)
+    with explain_missing(fs, path):
+        stream, found = open_stream(path, fs, compression)
     try:
         count = sum(len(c) for c in iter_chunks(stream, path=path, compressed=bool(found)))
     finally:

@@ -36,6 +36,7 @@ from ray_tfrecord._src.core.codec import BYTE_ARRAY_SCHEMA, Decoder
 from ray_tfrecord._src.core.errors import DecodeError, TFRecordError
 from ray_tfrecord._src.core.feature_specs import SchemaLike
 from ray_tfrecord._src.core.framing import FRAME_OVERHEAD, RecordChunk, iter_chunks
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.data import compat
 from ray_tfrecord._src.data.feed.splits import SplitPlan, plan_splits
@@ -336,7 +337,8 @@ class _Local:
             if handle is not None:
                 self.files.move_to_end(f)
                 return handle
-        handle = self.fs.open_input_file(source._paths[f])
+        with explain_missing(self.fs, source._paths[f]):
+            handle = self.fs.open_input_file(source._paths[f])
         with self.lock:
             self.files[f] = handle
             while len(self.files) > _OPEN_FILES:

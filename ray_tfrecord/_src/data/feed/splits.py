@@ -27,6 +27,7 @@ from ray_tfrecord._src.core.codec import decode
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.feature_specs import SchemaLike, arrow_schema
 from ray_tfrecord._src.core.framing import iter_chunks, open_stream
+from ray_tfrecord._src.core.manifest import explain_missing
 from ray_tfrecord._src.core.public import public
 from ray_tfrecord._src.core.schema import read_stored_schema
 from ray_tfrecord._src.data import compat
@@ -151,10 +152,12 @@ def _split_table(fs: pafs.FileSystem, split: Split, schema: pa.Schema, compressi
     """The records of ``split`` numbered ``wanted`` (sorted; ``None``: every one), decoded, in file
     order.  Every record is framed and checked; only the wanted ones are decoded."""
     if split.end is None:
-        stream, found = open_stream(split.path, fs, compression)
+        with explain_missing(fs, split.path):
+            stream, found = open_stream(split.path, fs, compression)
         chunks = iter_chunks(stream, path=split.path, compressed=bool(found), chunk_bytes=sizes.READ_CHUNK_BYTES)
     else:
-        stream = fs.open_input_file(split.path)
+        with explain_missing(fs, split.path):
+            stream = fs.open_input_file(split.path)
         stream.seek(split.start)
         chunks = iter_chunks(stream, path=split.path, start=split.start, end=split.end, size=stream.size(),
                              chunk_bytes=sizes.READ_CHUNK_BYTES)
