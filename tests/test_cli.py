@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
+from ray_tfrecord import read_tfrecords
 from ray_tfrecord._src.cli import main
 from ray_tfrecord._src.core.index import RecordIndex, index_path
 from ray_tfrecord._src.core.manifest import read_manifest
@@ -264,3 +265,15 @@ def test_convert_num_files(ray_local, tmp_path, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (
         "ray-tfrecord convert: --num-files 3 writes exactly 3 files of balanced rows, which --max-rows-per-file "
         "would cut, bundle or name otherwise; leave it out, or leave --num-files out")
+
+
+def test_convert_to_an_existing_dataset_names_the_mode_flag_and_its_values(ray_local, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), src)
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 0
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ray-tfrecord convert: Path {tmp_path / 'out'} already exists. Use --mode overwrite, append or ignore "
+        "to write there anyway.")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--mode", "append"]) == 0  # what it says works
+    assert sorted(r["id"] for r in read_tfrecords(str(tmp_path / "out")).take_all()) == [1, 1, 2, 2]

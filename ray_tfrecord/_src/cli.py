@@ -436,11 +436,15 @@ def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
 def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
     """``message`` with each option named as a Python keyword named as the command's flag instead:
     ``allow_float64_narrowing=True`` as ``--allow-float64-narrowing``, ``file_prefix='x'`` as
-    ``--file-prefix x``, a bare ``num_files`` as ``--num-files`` (only names with an underscore: a bare
+    ``--file-prefix x``, ``mode='overwrite', 'append' or 'ignore'`` as ``--mode overwrite, append or ignore``,
+    a bare ``num_files`` as ``--num-files`` (only names with an underscore: a bare
     "mode" is also a word); ``flags`` maps the keywords to the flags. The library's messages name the
     keyword only, so the CLI alone knows its flags."""
     for keyword, flag in flags.items():
         message = message.replace(f"{keyword}=True", flag)
+        # A choice of values: mode='overwrite', 'append' or 'ignore' -> --mode overwrite, append or ignore.
+        message = re.sub(rf"\b{keyword}=('[^']*'(?:(?:, | or )'[^']*')+)",
+                         lambda m, flag=flag: f"{flag} " + m.group(1).replace("'", ""), message)
         message = re.sub(rf"\b{keyword}=(['\"]?)([^'\",;)\s]+)\1", rf"{flag} \2", message)
         if "_" in keyword:
             message = re.sub(rf"\b{keyword}\b", flag, message)
