@@ -13,7 +13,8 @@ a loss); an append racing an overwrite (the ids read back are those of one seria
 during overwrites (three overwrites one after another, while one driver polls ``read_tfrecords(...).count()``
 and another reads every id with ``take_all``: an error, a count other than 2,000, or ids other than those of one
 overwrite count against it), with the default ``keep_replaced_files=0`` and with 600 s; a read planned before an
-overwrite and run after it (what it raises). Not a test of CI: tests/test_concurrent_writes.py asserts the same
+overwrite and run after it (what it raises); 3 appends at once, each adding a column of its own (every row has
+its writer's column, the others' null). Not a test of CI: tests/test_concurrent_writes.py asserts the same
 outcomes, smaller.
 """
 
@@ -61,12 +62,15 @@ def _uri(store: Store, name: str) -> str:
     return os.path.join(where, name) if kind == "local" else f"{_SCHEMES[kind]}{BUCKET}/{name}"
 
 
-def _rows(first: int) -> Any:
+def _rows(first: int, column: str | None = None) -> Any:
+    """2,000 rows of ids from ``first``, in ``FILES`` blocks; ``column``: with a column of that name, the id."""
     import ray
 
     ids = list(range(first, first + ROWS))
     step = ROWS // FILES
-    return ray.data.from_arrow([pa.table({"id": ids[k:k + step]}) for k in range(0, ROWS, step)]).materialize()
+    tables = [pa.table({"id": ids[k:k + step], **({column: ids[k:k + step]} if column else {})})
+              for k in range(0, ROWS, step)]
+    return ray.data.from_arrow(tables).materialize()
 
 
 def _ids(store: Store, name: str) -> list[int]:
@@ -83,11 +87,13 @@ def _ids(store: Store, name: str) -> list[int]:
 _PLANNED: dict[str, Any] = {}  # a driver's reads planned by one job and run by a later one
 
 
-def job_write(store: Store, name: str, mode: str, first: int, *, barrier: Any = None, keep: float = 0.0) -> dict:
-    """Write 2,000 rows from id ``first`` with ``mode``, once every party of ``barrier`` is ready."""
+def job_write(store: Store, name: str, mode: str, first: int, *, barrier: Any = None, keep: float = 0.0,
+              column: str | None = None) -> dict:
+    """Write 2,000 rows from id ``first`` (and a ``column`` of them) with ``mode``, once every party of ``barrier``
+    is ready."""
     import ray_tfrecord
 
-    ds = _rows(first)
+    ds = _rows(first, column)
     fs = _filesystem(store)
     if barrier is not None:
         barrier.wait(timeout=300)
@@ -311,6 +317,29 @@ def _planned(drivers: _Drivers, store: Store) -> tuple[str, list[str]]:
     return _counted(outcomes), messages
 
 
+def _new_columns(drivers: _Drivers, store: Store) -> tuple[str, list[str]]:
+    """3 appends at once, writer w adding column ``c<w>`` (its ids): each row read back has its writer's column
+    and null in the others'."""
+    import ray_tfrecord
+
+    exact, messages = 0, []
+    for run in range(RUNS):
+        name = _base(store, f"columns-{run}")
+        results = drivers.run([(job_write, (store, name, "append", (w + 1) * ROWS), {"column": f"c{w}"})
+                               for w in range(3)])
+        messages += [r["failed"] for r in results if "failed" in r]
+        try:
+            rows = ray_tfrecord.read_tfrecords(_uri(store, name), filesystem=_filesystem(store)).take_all()
+        except Exception as e:
+            messages.append(_message(e))
+            continue
+        writer = {i: i // ROWS - 1 for i in range(4 * ROWS)}
+        exact += sorted(r["id"] for r in rows) == list(range(4 * ROWS)) and all(
+            r.get(f"c{w}") == (r["id"] if writer[r["id"]] == w else None) for r in rows for w in range(3))
+    cell = f"every column on its rows: {exact} of {RUNS} runs"
+    return cell + (f"; **{len(messages)} errors**" if messages else ""), messages
+
+
 # -- the run -----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -331,7 +360,8 @@ CASES = ["2 jobs `mode='append'` at once on 2,000 rows, expect 6,000 ids",
          "`take_all()` of every id polled during overwrites",
          "`count()` polled during overwrites with `keep_replaced_files=600`",
          "`take_all()` polled during overwrites with `keep_replaced_files=600`",
-         "a read planned before an `overwrite`, run after it"]
+         "a read planned before an `overwrite`, run after it",
+         "3 jobs `mode='append'` at once, each adding a column of its own"]
 
 
 def _store_cells(kind: str) -> tuple[list[str], list[str]]:
@@ -352,9 +382,10 @@ def _store_cells(kind: str) -> tuple[list[str], list[str]]:
                 count, rows, seen = _polled(drivers, store, keep)
                 cells += [count, rows]
                 messages += seen
-            cell, seen = _planned(drivers, store)
-            cells.append(cell)
-            messages += seen
+            for case in (_planned, _new_columns):
+                cell, seen = case(drivers, store)
+                cells.append(cell)
+                messages += seen
         finally:
             drivers.close()
     print(f"  {kind}: " + " | ".join(cells), flush=True)
