@@ -88,13 +88,15 @@ def _halt(marker: str, note: object, nth: int = 1) -> None:
 
 
 class _HaltingCommit(Commit):
-    """The driver's final commit, stopped after recording the schema and before ``_SUCCESS``."""
+    """The driver's final commit, stopped once it has read every task's record of its files, before it commits
+    them as the dataset's next version."""
 
     marker = ""
 
-    def _record_schema(self, written, appended_to_data):
-        super()._record_schema(written, appended_to_data)
+    def _task_files(self):
+        files = super()._task_files()
         _halt(self.marker, {"point": "final commit", "pid": os.getpid()})
+        return files
 
 
 class FaultSink(TFRecordDatasink):
