@@ -444,7 +444,7 @@ def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
         message = message.replace(f"{keyword}=True", flag)
         # A choice of values: mode='overwrite', 'append' or 'ignore' -> --mode overwrite, append or ignore.
         message = re.sub(rf"\b{keyword}=('[^']*'(?:(?:, | or )'[^']*')+)",
-                         lambda m, flag=flag: f"{flag} " + m.group(1).replace("'", ""), message)
+                         functools.partial(_unquoted_choice, flag), message)
         message = re.sub(rf"\b{keyword}=(['\"]?)([^'\",;)\s]+)\1", rf"{flag} \2", message)
         if "_" in keyword:
             message = re.sub(rf"\b{keyword}\b", flag, message)
@@ -452,6 +452,10 @@ def _in_cli_terms(message: str, flags: dict[str, str]) -> str:
     # A fix that only the Python API offers is no fix here: list_files' "check the pattern, or pass
     # ignore_missing_paths=True to skip it" for a glob that matches nothing.
     return re.sub(r", or pass \w+=True to [^;]*", "", message)
+
+
+def _unquoted_choice(flag: str, match: re.Match[str]) -> str:
+    return f"{flag} " + match.group(1).replace("'", "")
 
 
 if __name__ == "__main__":

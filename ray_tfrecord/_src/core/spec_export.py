@@ -32,6 +32,7 @@ default, a ragged column's partitions, SequenceExample feature lists) is refused
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from dataclasses import dataclass
@@ -200,8 +201,10 @@ def record_tfmd(filesystem: pafs.FileSystem, root: str, recorded: pa.Schema | No
     if text is not None:
         with filesystem.open_output_stream(path, compression=None) as f:
             f.write(text.encode("utf-8"))
-    elif filesystem.get_file_info(path).type == pafs.FileType.File:
-        filesystem.delete_file(path)
+    else:
+        # Racing committers may both delete it; the copy is written after the commit, which must not fail then.
+        with contextlib.suppress(FileNotFoundError):
+            filesystem.delete_file(path)
 
 
 def _storage(t: pa.DataType) -> pa.DataType:

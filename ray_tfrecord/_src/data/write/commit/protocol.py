@@ -439,8 +439,8 @@ class Commit:
         schema. Racing committers each write their version's, then list the log, and write a later version's
         if one is there: a commit after that listing writes after this write, so the last write is the latest."""
         fs = self.filesystem
+        path = posixpath.join(self.path, SCHEMA_FILE)
         while True:
-            path = posixpath.join(self.path, SCHEMA_FILE)
             if version.schema is not None:
                 with fs.open_output_stream(path, compression=None) as f:
                     f.write(version.schema.serialize())
