@@ -229,11 +229,12 @@ class Commit:
             if self._schema_records():  # Ray deleted its checkpoint on success: only our last steps remain
                 self.completed = self.finish([], [])
                 return True
-        if not self.has_data():
+        latest = read_manifest(self.filesystem, self.path)
+        if not self._holds_data(latest):
             return False
         self._found_data = True
-        if self.mode == "append":
-            self.recorded = read_stored_schema(self.filesystem, self.path)
+        if self.mode == "append":  # the schema of the version just read: one read of the log, not two
+            self.recorded = read_stored_schema(self.filesystem, self.path, version=latest)
         if self.mode == "error":
             raise ValueError(
                 f"Path {self.path} already exists. Use mode='overwrite', 'append' or "
@@ -245,12 +246,11 @@ class Commit:
             return True
         return False
 
-    def has_data(self) -> bool:
-        """Whether the dataset holds data; with a log, whether its latest version lists any file (what a
-        killed write left is not data)."""
-        version = read_manifest(self.filesystem, self.path)
-        if version is not None:
-            return bool(version.entries)
+    def _holds_data(self, latest: Manifest | None) -> bool:
+        """Whether the dataset, whose ``latest`` version was just read, holds data; with a log, whether that
+        version lists any file (what a killed write left is not data)."""
+        if latest is not None:
+            return bool(latest.entries)
         return dataset_exists(self.filesystem, self.path)
 
     def start(self) -> None:
