@@ -172,6 +172,10 @@ def test_the_save_modes_on_existing_data(tmp_path):
     # A directory holding only another writer's staging is empty.
     (tmp_path / "empty" / STAGING_DIR / "other").mkdir(parents=True)
     assert not Commit(LOCAL, str(tmp_path / "empty"), "error").apply_mode()
+    # Nor does the temporary file a racing writer's local commit links into its first version (a mode="error"
+    # write beside it was told the path "already exists", and the race's ConflictError test failed 1 run in 6).
+    (tmp_path / "empty" / ".tmp-0123abcd").write_bytes(b"{}")
+    assert not Commit(LOCAL, str(tmp_path / "empty"), "error").apply_mode()
 
 
 @pytest.mark.parametrize("mode", ["error", "append"])

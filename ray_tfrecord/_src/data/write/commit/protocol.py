@@ -59,11 +59,10 @@ from ray_tfrecord._src.core import options
 from ray_tfrecord._src.core.errors import TFRecordError
 from ray_tfrecord._src.core.index import index_path
 from ray_tfrecord._src.core.layout import (
-    LOG_PREFIX,
-    MANIFEST_FILE,
     SCHEMA_FILE,
     STAGING_DIR,
     SUCCESS_MARKER,
+    is_hidden_name,
 )
 from ray_tfrecord._src.core.manifest import (
     ConflictError,
@@ -143,15 +142,15 @@ def make_dirs(filesystem: pafs.FileSystem, path: str, *, object_store: bool) -> 
 
 
 def dataset_exists(filesystem: pafs.FileSystem, path: str) -> bool:
-    """Whether ``path`` holds data: a file, or a directory with more than ``_temporary`` and the log."""
+    """Whether ``path`` holds data: a file, or a directory with an entry readers read (not hidden: the staging
+    directory, the log, and the ``.tmp-`` file a racing writer's local commit links into a version are not)."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
         return True
     if info.type != pafs.FileType.Directory:
         return False
     entries = filesystem.get_file_info(pafs.FileSelector(path))
-    return any(posixpath.basename(e.path) not in (STAGING_DIR, MANIFEST_FILE)
-               and not posixpath.basename(e.path).startswith(LOG_PREFIX) for e in entries)
+    return any(not is_hidden_name(posixpath.basename(e.path)) for e in entries)
 
 
 class Commit:
